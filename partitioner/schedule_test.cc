@@ -1,0 +1,200 @@
+#include "partitioner/schedule.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace apapo {
+namespace schedule {
+namespace {
+
+std::vector<std::string> Program(const ScheduleOptions& options, int stage,
+                                 int replica = 0) {
+  absl::StatusOr<StageProgram> program =
+      StageProgram::Create(options, stage, replica);
+  EXPECT_TRUE(program.ok()) << program.status();
+  std::vector<std::string> ops;
+  Op op;
+  while (program.ok() && program->Next(&op)) ops.push_back(op.ToString());
+  return ops;
+}
+
+ScheduleOptions Options(ScheduleKind kind, int p, int m, int64_t iterations) {
+  ScheduleOptions options;
+  options.kind = kind;
+  options.num_stages = p;
+  options.micro_batches_per_iteration = m;
+  options.num_iterations = iterations;
+  return options;
+}
+
+TEST(ScheduleKindTest, ParsesAndPrintsEveryName) {
+  for (const char* name : {"async", "2bw", "gpipe", "1f1b_flush", "dp"}) {
+    absl::StatusOr<ScheduleKind> kind = ParseScheduleKind(name);
+    ASSERT_TRUE(kind.ok()) << name;
+    EXPECT_EQ(ScheduleKindName(*kind), name);
+  }
+  EXPECT_FALSE(ParseScheduleKind("pipedream").ok());
+}
+
+TEST(StageProgramTest, AsyncWarmsUpThenAlternatesWithoutFlush) {
+  // p = 3, m = 1 (update after every micro-batch, as PipeDream), 5 iterations.
+  const ScheduleOptions options = Options(ScheduleKind::kAsync, 3, 1, 5);
+  EXPECT_EQ(Program(options, 0),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "F2@v0", "B0@v0",
+                                      "U0->v1", "F3@v1", "B1@v0", "U1->v2",
+                                      "F4@v2", "B2@v0", "U2->v3", "B3@v1",
+                                      "U3->v4", "B4@v2", "U4->v5"}));
+  EXPECT_EQ(Program(options, 2),
+            (std::vector<std::string>{"F0@v0", "B0@v0", "U0->v1", "F1@v1",
+                                      "B1@v1", "U1->v2", "F2@v2", "B2@v2",
+                                      "U2->v3", "F3@v3", "B3@v3", "U3->v4",
+                                      "F4@v4", "B4@v4", "U4->v5"}));
+}
+
+TEST(StageProgramTest, AsyncAccumulatesOverAnIteration) {
+  // m = 2: one update per two micro-batches; iteration 1 enters before 0 drains.
+  const ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 2, 2);
+  EXPECT_EQ(Program(options, 0),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "B0@v0", "F2@v0",
+                                      "B1@v0", "U1->v1", "F3@v1", "B2@v0",
+                                      "B3@v1", "U3->v2"}));
+}
+
+TEST(StageProgramTest, GPipeFlushesEveryIteration) {
+  const ScheduleOptions options = Options(ScheduleKind::kGPipe, 2, 3, 2);
+  EXPECT_EQ(Program(options, 1),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "F2@v0", "B0@v0",
+                                      "B1@v0", "B2@v0", "U2->v1", "F3@v1",
+                                      "F4@v1", "F5@v1", "B3@v1", "B4@v1",
+                                      "B5@v1", "U5->v2"}));
+}
+
+TEST(StageProgramTest, OneFOneBFlushWarmsUpPerIteration) {
+  const ScheduleOptions options = Options(ScheduleKind::k1F1BFlush, 3, 4, 1);
+  EXPECT_EQ(Program(options, 0),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "F2@v0", "B0@v0",
+                                      "F3@v0", "B1@v0", "B2@v0", "B3@v0",
+                                      "U3->v1"}));
+  EXPECT_EQ(Program(options, 1),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "B0@v0", "F2@v0",
+                                      "B1@v0", "F3@v0", "B2@v0", "B3@v0",
+                                      "U3->v1"}));
+}
+
+TEST(StageProgramTest, TwoBWUsesThePreviousVersionPerIteration) {
+  const ScheduleOptions options = Options(ScheduleKind::k2BW, 2, 2, 3);
+  EXPECT_EQ(Program(options, 0),
+            (std::vector<std::string>{"F0@v0", "F1@v0", "B0@v0", "F2@v0",
+                                      "B1@v0", "U1->v1", "F3@v0", "B2@v0",
+                                      "F4@v1", "B3@v0", "U3->v2", "F5@v1",
+                                      "B4@v1", "B5@v1", "U5->v3"}));
+}
+
+TEST(StageProgramTest, ReplicasTakeMicroBatchesRoundRobin) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 2, 2);
+  options.replicas = {2, 1};
+  // Stage 0 depth = ceil((2 + 1) / 2) = 2 per replica.
+  EXPECT_EQ(InFlightDepth(options, 0), 2);
+  std::vector<std::string> ops = Program(options, 0, 1);
+  EXPECT_EQ(ops, (std::vector<std::string>{"F1@v0", "F3@v0", "B1@v0",
+                                           "U1->v1", "B3@v0", "U3->v2"}));
+}
+
+TEST(StageProgramTest, BackwardAlwaysUsesItsForwardsVersion) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kAsync, ScheduleKind::k2BW, ScheduleKind::kGPipe,
+        ScheduleKind::k1F1BFlush}) {
+    for (int p : {1, 2, 5}) {
+      for (int m : {5, 8}) {
+        ScheduleOptions options = Options(kind, p, m, 4);
+        for (int s = 0; s < p; ++s) {
+          absl::StatusOr<StageProgram> program =
+              StageProgram::Create(options, s, 0);
+          ASSERT_TRUE(program.ok()) << program.status();
+          std::vector<int64_t> forward_version(4 * m, -1);
+          int64_t updates = 0;
+          int forwards = 0, backwards = 0;
+          Op op;
+          while (program->Next(&op)) {
+            if (op.type == Op::kForward) {
+              EXPECT_LE(op.weight_version, updates);
+              forward_version[op.micro_batch] = op.weight_version;
+              ++forwards;
+            } else if (op.type == Op::kBackward) {
+              EXPECT_EQ(forward_version[op.micro_batch], op.weight_version);
+              ++backwards;
+            } else {
+              EXPECT_EQ(op.weight_version, ++updates);
+            }
+          }
+          EXPECT_EQ(forwards, 4 * m);
+          EXPECT_EQ(backwards, 4 * m);
+          EXPECT_EQ(updates, 4);
+        }
+      }
+    }
+  }
+}
+
+TEST(AnalyzeStageTest, MatchesClosedForms) {
+  const int p = 6;
+  for (int s = 0; s < p; ++s) {
+    // PipeDream async, update per micro-batch: p-s versions, p-s-1 stale.
+    absl::StatusOr<StageScheduleStats> async =
+        AnalyzeStage(Options(ScheduleKind::kAsync, p, 1, 1), s);
+    ASSERT_TRUE(async.ok());
+    EXPECT_EQ(async->weight_versions, p - s);
+    EXPECT_EQ(async->max_staleness, p - s - 1);
+    EXPECT_EQ(async->max_activations_in_flight, p - s);
+    // 2BW: two versions, staleness 1 (m >= p).
+    absl::StatusOr<StageScheduleStats> two_bw =
+        AnalyzeStage(Options(ScheduleKind::k2BW, p, 8, 1), s);
+    ASSERT_TRUE(two_bw.ok());
+    EXPECT_EQ(two_bw->weight_versions, 2);
+    EXPECT_EQ(two_bw->max_staleness, 1);
+    // 1F1B-flush: p-s activations, one version, no staleness.
+    absl::StatusOr<StageScheduleStats> flush =
+        AnalyzeStage(Options(ScheduleKind::k1F1BFlush, p, 8, 1), s);
+    ASSERT_TRUE(flush.ok());
+    EXPECT_EQ(flush->weight_versions, 1);
+    EXPECT_EQ(flush->max_staleness, 0);
+    EXPECT_EQ(flush->max_activations_in_flight, p - s);
+    // GPipe keeps all m.
+    absl::StatusOr<StageScheduleStats> gpipe =
+        AnalyzeStage(Options(ScheduleKind::kGPipe, p, 8, 1), s);
+    ASSERT_TRUE(gpipe.ok());
+    EXPECT_EQ(gpipe->max_activations_in_flight, 8);
+    EXPECT_EQ(gpipe->max_staleness, 0);
+  }
+}
+
+TEST(AnalyzeStageTest, MaxInFlightBoundsStaleness) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 8, 1, 1);
+  options.max_in_flight = 3;
+  absl::StatusOr<StageScheduleStats> stats = AnalyzeStage(options, 0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->max_activations_in_flight, 3);
+  EXPECT_EQ(stats->max_staleness, 2);
+  EXPECT_EQ(stats->weight_versions, 3);
+}
+
+TEST(ValidateScheduleOptionsTest, RejectsBadShapes) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 0, 1, 1);
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());
+  options = Options(ScheduleKind::kAsync, 2, 3, 1);
+  options.replicas = {2, 1};
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());  // 3 % 2 != 0
+  options = Options(ScheduleKind::k2BW, 4, 2, 1);
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());  // 2bw needs m >= p
+  options = Options(ScheduleKind::kDataParallel, 2, 2, 1);
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());
+  EXPECT_FALSE(StageProgram::Create(Options(ScheduleKind::kAsync, 2, 1, 1), 2,
+                                    0)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace schedule
+}  // namespace apapo
