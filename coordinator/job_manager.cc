@@ -1,0 +1,338 @@
+#include "coordinator/job_manager.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/spec_validator.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace apapo::coordinator {
+namespace {
+
+using apapo::v1::Job;
+using apapo::v1::JobState;
+
+// Progress arrives with every metrics report; persisting it that often
+// would make SQLite the bottleneck, and losing a few seconds of it on a
+// crash costs nothing.
+constexpr absl::Duration kProgressSaveInterval = absl::Seconds(5);
+constexpr int kDefaultPageSize = 100;
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
+      absl::ToUnixNanos(t));
+}
+
+std::string JobId(int64_t n) { return absl::StrFormat("job-%06d", n); }
+
+bool ValidTransition(JobState from, JobState to) {
+  if (IsTerminal(from)) return false;
+  if (to == apapo::v1::JOB_STATE_FAILED || to == apapo::v1::JOB_STATE_CANCELLED) {
+    return true;
+  }
+  // Forward moves only; a job may go back to QUEUED when its workers are
+  // taken away before it runs.
+  return to == apapo::v1::JOB_STATE_QUEUED || static_cast<int>(to) > static_cast<int>(from);
+}
+
+}  // namespace
+
+bool IsTerminal(JobState state) {
+  return state == apapo::v1::JOB_STATE_SUCCEEDED ||
+         state == apapo::v1::JOB_STATE_FAILED ||
+         state == apapo::v1::JOB_STATE_CANCELLED;
+}
+
+JobManager::JobManager(JobStore* store, Clock* clock)
+    : store_(store), clock_(clock) {}
+
+absl::Status JobManager::Recover() {
+  absl::StatusOr<std::vector<Job>> jobs = store_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  absl::MutexLock lock(&mu_);
+  for (Job& job : *jobs) {
+    Entry& entry = jobs_[job.id()];
+    entry.job = std::move(job);
+    absl::StatusOr<std::vector<apapo::v1::JobEvent>> events =
+        store_->LoadEvents(entry.job.id());
+    if (!events.ok()) return events.status();
+    entry.events = std::move(*events);
+    absl::StatusOr<apapo::v1::GetPlanResponse> plan =
+        store_->LoadPlan(entry.job.id());
+    if (plan.ok()) {
+      entry.has_plan = true;
+      entry.plan = std::move(*plan);
+    }
+    int64_t n = 0;
+    if (absl::SimpleAtoi(entry.job.id().substr(4), &n)) {
+      next_id_ = std::max(next_id_, n + 1);
+    }
+  }
+  for (auto& [id, entry] : jobs_) {
+    JobState s = entry.job.state();
+    if (!IsTerminal(s) && s != apapo::v1::JOB_STATE_QUEUED) {
+      absl::Status st = TransitionLocked(
+          entry, apapo::v1::JOB_STATE_FAILED,
+          absl::StrCat("coordinator restarted while the job was ",
+                       apapo::v1::JobState_Name(s),
+                       "; its workers were released"),
+          absl::StatusCode::kUnavailable);
+      if (!st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  std::string id = JobId(next_id_++);
+  Entry& entry = jobs_[id];
+  entry.job.set_id(id);
+  *entry.job.mutable_spec() = spec;
+  entry.job.set_state(apapo::v1::JOB_STATE_QUEUED);
+  *entry.job.mutable_create_time() = ToProto(clock_->Now());
+  absl::Status s = AddEventLocked(
+      entry, absl::StrCat("submitted; waiting for ", spec.resources().workers(),
+                          " idle worker(s)"));
+  if (!s.ok()) {
+    jobs_.erase(id);
+    return s;
+  }
+  return entry.job;
+}
+
+absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  return (*entry)->job;
+}
+
+absl::StatusOr<apapo::v1::ListJobsResponse> JobManager::List(
+    const apapo::v1::ListJobsRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be >= 0, got ", request.page_size()));
+  }
+  int page_size = request.page_size() == 0 ? kDefaultPageSize
+                                            : request.page_size();
+  absl::MutexLock lock(&mu_);
+  if (!request.page_token().empty() && !jobs_.count(request.page_token())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token: unknown job \"", request.page_token(), "\""));
+  }
+  apapo::v1::ListJobsResponse response;
+  // Ids sort by submission order; walk newest first.
+  auto it = request.page_token().empty()
+                ? jobs_.rbegin()
+                : std::make_reverse_iterator(jobs_.find(request.page_token()));
+  for (; it != jobs_.rend(); ++it) {
+    const Job& job = it->second.job;
+    if (!request.states().empty() &&
+        std::find(request.states().begin(), request.states().end(),
+                  job.state()) == request.states().end()) {
+      continue;
+    }
+    if (response.jobs_size() == page_size) {
+      response.set_next_page_token(
+          response.jobs(response.jobs_size() - 1).id());
+      break;
+    }
+    *response.add_jobs() = job;
+  }
+  return response;
+}
+
+absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id,
+                                       const std::string& reason) {
+  Job job;
+  std::function<void(const Job&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Entry*> entry = Find(job_id);
+    if (!entry.ok()) return entry.status();
+    if (IsTerminal((*entry)->job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          job_id, " has already ended (",
+          apapo::v1::JobState_Name((*entry)->job.state()), ")"));
+    }
+    absl::Status s = TransitionLocked(
+        **entry, apapo::v1::JOB_STATE_CANCELLED,
+        reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason),
+        absl::StatusCode::kOk);
+    if (!s.ok()) return s;
+    job = (*entry)->job;
+    hook = cancel_hook_;
+  }
+  if (hook) hook(job);
+  return job;
+}
+
+absl::StatusOr<apapo::v1::GetPlanResponse> JobManager::GetPlan(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  if (!(*entry)->has_plan) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " has no plan yet (state ",
+        apapo::v1::JobState_Name((*entry)->job.state()), ")"));
+  }
+  apapo::v1::GetPlanResponse response = (*entry)->plan;
+  *response.mutable_measured() = (*entry)->job.progress();
+  return response;
+}
+
+absl::StatusOr<JobChange> JobManager::WaitForChange(const std::string& job_id,
+                                                    int64_t seen_version,
+                                                    int64_t after_sequence,
+                                                    absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (!jobs_.count(job_id)) {
+    return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
+  }
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job_version_[job_id] > seen_version;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  const Entry& entry = jobs_[job_id];
+  JobChange change;
+  change.job = entry.job;
+  change.version = job_version_[job_id];
+  for (const auto& e : entry.events) {
+    if (e.sequence() > after_sequence) change.events.push_back(e);
+  }
+  return change;
+}
+
+absl::Status JobManager::Transition(const std::string& job_id, JobState state,
+                                    const std::string& message,
+                                    absl::StatusCode error_code) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  return TransitionLocked(**entry, state, message, error_code);
+}
+
+absl::Status JobManager::RecordEvent(const std::string& job_id,
+                                     const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  return AddEventLocked(**entry, message);
+}
+
+absl::Status JobManager::SetWorkers(const std::string& job_id,
+                                    const std::vector<std::string>& worker_ids) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  Job& job = (*entry)->job;
+  job.clear_worker_ids();
+  for (const auto& w : worker_ids) job.add_worker_ids(w);
+  ++job_version_[job_id];
+  return store_->SaveJob(job);
+}
+
+absl::Status JobManager::SetPlan(const std::string& job_id,
+                                 const apapo::v1::GetPlanResponse& plan) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  if (absl::Status s = store_->SavePlan(job_id, plan); !s.ok()) return s;
+  (*entry)->has_plan = true;
+  (*entry)->plan = plan;
+  ++job_version_[job_id];
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::UpdateProgress(const std::string& job_id,
+                                        const apapo::v1::JobProgress& progress) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  Entry& e = **entry;
+  *e.job.mutable_progress() = progress;
+  ++job_version_[job_id];
+  absl::Time now = clock_->Now();
+  if (now - e.last_progress_save >= kProgressSaveInterval) {
+    e.last_progress_save = now;
+    return store_->SaveJob(e.job);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobManager::QueuedJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry.job.state() == apapo::v1::JOB_STATE_QUEUED) out.push_back(id);
+  }
+  return out;
+}
+
+void JobManager::SetCancelHook(std::function<void(const Job&)> hook) {
+  absl::MutexLock lock(&mu_);
+  cancel_hook_ = std::move(hook);
+}
+
+absl::StatusOr<JobManager::Entry*> JobManager::Find(const std::string& job_id) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("job_id: must not be empty");
+  }
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
+  }
+  return &it->second;
+}
+
+absl::Status JobManager::AddEventLocked(Entry& entry,
+                                        const std::string& message) {
+  apapo::v1::JobEvent event;
+  event.set_sequence(entry.job.last_event_sequence() + 1);
+  *event.mutable_time() = ToProto(clock_->Now());
+  event.set_state(entry.job.state());
+  event.set_message(message);
+  entry.job.set_last_event_sequence(event.sequence());
+  // The event first: a job whose last_event_sequence points past its stored
+  // history would confuse a resumed watcher.
+  if (absl::Status s = store_->AppendEvent(entry.job.id(), event); !s.ok()) {
+    entry.job.set_last_event_sequence(event.sequence() - 1);
+    return s;
+  }
+  entry.events.push_back(event);
+  ++job_version_[entry.job.id()];
+  return store_->SaveJob(entry.job);
+}
+
+absl::Status JobManager::TransitionLocked(Entry& entry, JobState state,
+                                          const std::string& message,
+                                          absl::StatusCode error_code) {
+  JobState from = entry.job.state();
+  if (!ValidTransition(from, state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        entry.job.id(), ": cannot move from ", apapo::v1::JobState_Name(from),
+        " to ", apapo::v1::JobState_Name(state)));
+  }
+  Job& job = entry.job;
+  job.set_state(state);
+  absl::Time now = clock_->Now();
+  if (state == apapo::v1::JOB_STATE_RUNNING && !job.has_start_time()) {
+    *job.mutable_start_time() = ToProto(now);
+  }
+  if (IsTerminal(state)) *job.mutable_end_time() = ToProto(now);
+  if (state == apapo::v1::JOB_STATE_FAILED) {
+    job.set_error_code(static_cast<int>(error_code == absl::StatusCode::kOk
+                                            ? absl::StatusCode::kUnknown
+                                            : error_code));
+    job.set_error(message);
+  }
+  return AddEventLocked(entry, message);
+}
+
+}  // namespace apapo::coordinator

@@ -1,0 +1,135 @@
+// JobManager: the coordinator's record of every job — its spec, state,
+// progress, plan and event history — and the only place job state changes.
+//
+// Every change is written through to the JobStore before it becomes visible,
+// and bumps a change counter that watchers wait on (WaitForChange), so
+// WatchJob streams see every event in order and every progress update.
+//
+// State machine: QUEUED -> PROFILING -> PLANNING -> RUNNING -> SUCCEEDED,
+// with FAILED and CANCELLED reachable from any non-terminal state. Transitions
+// out of a terminal state are FAILED_PRECONDITION.
+//
+// Call order: construct, Recover() once, then any method from any thread.
+// Thread-safety: all methods are thread-safe.
+#ifndef APAPO_COORDINATOR_JOB_MANAGER_H_
+#define APAPO_COORDINATOR_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_store.h"
+#include "proto/apapo/v1/job.pb.h"
+#include "proto/apapo/v1/service.pb.h"
+
+namespace apapo::coordinator {
+
+bool IsTerminal(apapo::v1::JobState state);
+
+// What changed since a watcher last looked.
+struct JobChange {
+  apapo::v1::Job job;                       // the job now
+  std::vector<apapo::v1::JobEvent> events;  // events after the cursor
+  int64_t version = 0;                      // pass back to WaitForChange
+};
+
+class JobManager {
+ public:
+  // `store` and `clock` must outlive the manager.
+  JobManager(JobStore* store, Clock* clock);
+
+  // Loads stored jobs. Jobs that were active (profiling, planning, running)
+  // when the previous coordinator stopped are failed with UNAVAILABLE, since
+  // their workers were told nothing; queued jobs stay queued.
+  absl::Status Recover();
+
+  // Validates `spec` (INVALID_ARGUMENT naming the field) and queues a job.
+  absl::StatusOr<apapo::v1::Job> Submit(const apapo::v1::JobSpec& spec);
+
+  absl::StatusOr<apapo::v1::Job> Get(const std::string& job_id);
+
+  // Newest first. `page_token` is the id of the last job of the previous page.
+  absl::StatusOr<apapo::v1::ListJobsResponse> List(
+      const apapo::v1::ListJobsRequest& request);
+
+  // Cancels a job that has not ended and runs the cancel hook (which stops
+  // its workers). FAILED_PRECONDITION if it has ended.
+  absl::StatusOr<apapo::v1::Job> Cancel(const std::string& job_id,
+                                        const std::string& reason);
+
+  // FAILED_PRECONDITION until SetPlan was called for the job.
+  absl::StatusOr<apapo::v1::GetPlanResponse> GetPlan(const std::string& job_id);
+
+  // Returns as soon as the job's change counter exceeds `seen_version`, or at
+  // `deadline` (then `version` == seen_version). Events are those with
+  // sequence > `after_sequence`.
+  absl::StatusOr<JobChange> WaitForChange(const std::string& job_id,
+                                          int64_t seen_version,
+                                          int64_t after_sequence,
+                                          absl::Time deadline);
+
+  // --- Used by the scheduler that drives jobs through their life. ---
+
+  // Moves the job to `state`, recording `message` as an event. For FAILED,
+  // `error_code` / the message become Job.error_code / Job.error.
+  absl::Status Transition(const std::string& job_id, apapo::v1::JobState state,
+                          const std::string& message,
+                          absl::StatusCode error_code = absl::StatusCode::kOk);
+  // Records an event without a state change (e.g. "worker w-2 lost").
+  absl::Status RecordEvent(const std::string& job_id,
+                           const std::string& message);
+  absl::Status SetWorkers(const std::string& job_id,
+                          const std::vector<std::string>& worker_ids);
+  absl::Status SetPlan(const std::string& job_id,
+                       const apapo::v1::GetPlanResponse& plan);
+  // Replaces the job's progress (persisted at most every few seconds).
+  absl::Status UpdateProgress(const std::string& job_id,
+                              const apapo::v1::JobProgress& progress);
+
+  // Ids of queued jobs, oldest first.
+  std::vector<std::string> QueuedJobs();
+
+  // Called (outside the lock) after a job is cancelled.
+  void SetCancelHook(std::function<void(const apapo::v1::Job&)> hook);
+
+ private:
+  struct Entry {
+    apapo::v1::Job job;
+    std::vector<apapo::v1::JobEvent> events;
+    bool has_plan = false;
+    apapo::v1::GetPlanResponse plan;
+    absl::Time last_progress_save = absl::InfinitePast();
+  };
+
+  absl::StatusOr<Entry*> Find(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends an event, persists job + event, bumps the change counter.
+  absl::Status AddEventLocked(Entry& entry, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TransitionLocked(Entry& entry, apapo::v1::JobState state,
+                                const std::string& message,
+                                absl::StatusCode error_code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  JobStore* const store_;
+  Clock* const clock_;
+
+  absl::Mutex mu_;
+  std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Per-job change counters; watchers wait on them.
+  std::map<std::string, int64_t> job_version_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const apapo::v1::Job&)> cancel_hook_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace apapo::coordinator
+
+#endif  // APAPO_COORDINATOR_JOB_MANAGER_H_

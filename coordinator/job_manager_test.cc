@@ -1,0 +1,187 @@
+#include "coordinator/job_manager.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace apapo::coordinator {
+namespace {
+
+using apapo::v1::JobState;
+using ::testing::HasSubstr;
+
+apapo::v1::JobSpec ValidSpec() {
+  apapo::v1::JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        name: "t"
+        model { builtin { name: "mlp" } }
+        data { fashion_mnist {} batch_size: 64 }
+        optimizer { sgd {} learning_rate: 0.1 }
+        resources { workers: 2 }
+        limits { epochs: 1 }
+      )pb",
+      &spec));
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  MemoryJobStore store_;
+  FakeClock clock_;
+  JobManager jobs_{&store_, &clock_};
+};
+
+TEST_F(JobManagerTest, SubmitQueuesAndRecordsEvent) {
+  auto job = jobs_.Submit(ValidSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "job-000001");
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job->last_event_sequence(), 1);
+  EXPECT_EQ(jobs_.QueuedJobs(), std::vector<std::string>{"job-000001"});
+  EXPECT_EQ(store_.LoadEvents("job-000001")->size(), 1u);
+}
+
+TEST_F(JobManagerTest, SubmitRejectsInvalidSpecWithFieldPath) {
+  auto spec = ValidSpec();
+  spec.mutable_schedule()->set_micro_batches(0);
+  auto job = jobs_.Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("spec.schedule.micro_batches: must be >= 1, got 0"));
+  EXPECT_TRUE(store_.LoadJobs()->empty());
+}
+
+TEST_F(JobManagerTest, GetUnknownIsNotFoundEmptyIsInvalid) {
+  EXPECT_EQ(jobs_.Get("job-999").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_.Get("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, ListNewestFirstWithPagesAndStateFilter) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(jobs_.Submit(ValidSpec()).ok());
+  ASSERT_TRUE(jobs_.Cancel("job-000002", "").ok());
+  apapo::v1::ListJobsRequest req;
+  req.set_page_size(2);
+  auto page1 = jobs_.List(req);
+  ASSERT_TRUE(page1.ok());
+  ASSERT_EQ(page1->jobs_size(), 2);
+  EXPECT_EQ(page1->jobs(0).id(), "job-000005");
+  EXPECT_EQ(page1->next_page_token(), "job-000004");
+  req.set_page_token(page1->next_page_token());
+  auto page2 = jobs_.List(req);
+  ASSERT_TRUE(page2.ok());
+  EXPECT_EQ(page2->jobs(0).id(), "job-000003");
+  req.set_page_token("job-000002");
+  auto last = jobs_.List(req);
+  ASSERT_EQ(last->jobs_size(), 1);
+  EXPECT_TRUE(last->next_page_token().empty());
+
+  apapo::v1::ListJobsRequest cancelled;
+  cancelled.add_states(apapo::v1::JOB_STATE_CANCELLED);
+  auto only = jobs_.List(cancelled);
+  ASSERT_EQ(only->jobs_size(), 1);
+  EXPECT_EQ(only->jobs(0).id(), "job-000002");
+
+  apapo::v1::ListJobsRequest bad;
+  bad.set_page_token("nope");
+  EXPECT_EQ(jobs_.List(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, CancelRunsHookOnceAndRefusesEndedJobs) {
+  std::vector<std::string> hooked;
+  jobs_.SetCancelHook([&](const apapo::v1::Job& j) { hooked.push_back(j.id()); });
+  auto job = jobs_.Submit(ValidSpec());
+  auto cancelled = jobs_.Cancel(job->id(), "user asked");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), apapo::v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(cancelled->has_end_time());
+  EXPECT_EQ(hooked, std::vector<std::string>{job->id()});
+  auto again = jobs_.Cancel(job->id(), "");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(hooked.size(), 1u);
+}
+
+TEST_F(JobManagerTest, TransitionsFollowTheLifecycle) {
+  auto job = jobs_.Submit(ValidSpec());
+  const std::string id = job->id();
+  ASSERT_TRUE(jobs_.Transition(id, apapo::v1::JOB_STATE_PROFILING, "p").ok());
+  ASSERT_TRUE(jobs_.Transition(id, apapo::v1::JOB_STATE_PLANNING, "pl").ok());
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_TRUE(jobs_.Transition(id, apapo::v1::JOB_STATE_RUNNING, "r").ok());
+  EXPECT_EQ(jobs_.Transition(id, apapo::v1::JOB_STATE_PROFILING, "back")
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(jobs_.Transition(id, apapo::v1::JOB_STATE_FAILED,
+                               "stage 1 on w-2: peer lost",
+                               absl::StatusCode::kUnavailable)
+                  .ok());
+  auto failed = jobs_.Get(id);
+  EXPECT_EQ(failed->error(), "stage 1 on w-2: peer lost");
+  EXPECT_EQ(failed->error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(failed->start_time().seconds(), 1'800'000'003);
+  EXPECT_EQ(jobs_.Transition(id, apapo::v1::JOB_STATE_SUCCEEDED, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(failed->last_event_sequence(), 5);
+}
+
+TEST_F(JobManagerTest, GetPlanBeforePlanningIsFailedPrecondition) {
+  auto job = jobs_.Submit(ValidSpec());
+  EXPECT_EQ(jobs_.GetPlan(job->id()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  apapo::v1::GetPlanResponse plan;
+  plan.mutable_plan()->set_micro_batches(4);
+  ASSERT_TRUE(jobs_.SetPlan(job->id(), plan).ok());
+  EXPECT_EQ(jobs_.GetPlan(job->id())->plan().micro_batches(), 4);
+}
+
+TEST_F(JobManagerTest, WaitForChangeWakesOnEventAndReturnsEventsAfterCursor) {
+  auto job = jobs_.Submit(ValidSpec());
+  auto first = jobs_.WaitForChange(job->id(), -1, 0, absl::InfinitePast());
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->events.size(), 1u);
+  std::thread mover([&] {
+    ASSERT_TRUE(
+        jobs_.Transition(job->id(), apapo::v1::JOB_STATE_PROFILING, "go").ok());
+  });
+  auto next = jobs_.WaitForChange(job->id(), first->version, 1,
+                                  absl::Now() + absl::Seconds(30));
+  mover.join();
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(next->version, first->version);
+  ASSERT_EQ(next->events.size(), 1u);
+  EXPECT_EQ(next->events[0].message(), "go");
+  EXPECT_EQ(next->job.state(), apapo::v1::JOB_STATE_PROFILING);
+}
+
+TEST_F(JobManagerTest, WaitForChangeTimesOutWithoutChange) {
+  auto job = jobs_.Submit(ValidSpec());
+  auto first = jobs_.WaitForChange(job->id(), -1, 0, absl::InfinitePast());
+  auto same = jobs_.WaitForChange(job->id(), first->version, 1,
+                                  absl::Now() + absl::Milliseconds(20));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->version, first->version);
+  EXPECT_TRUE(same->events.empty());
+}
+
+TEST_F(JobManagerTest, RecoverKeepsHistoryFailsActiveJobsAndContinuesIds) {
+  auto queued = jobs_.Submit(ValidSpec());
+  auto running = jobs_.Submit(ValidSpec());
+  ASSERT_TRUE(
+      jobs_.Transition(running->id(), apapo::v1::JOB_STATE_PROFILING, "p").ok());
+  JobManager restarted(&store_, &clock_);
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.Get(queued->id())->state(), apapo::v1::JOB_STATE_QUEUED);
+  auto failed = restarted.Get(running->id());
+  EXPECT_EQ(failed->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed->error(), HasSubstr("coordinator restarted"));
+  auto change = restarted.WaitForChange(running->id(), -1, 0, absl::InfinitePast());
+  EXPECT_EQ(change->events.size(), 3u);
+  EXPECT_EQ(restarted.Submit(ValidSpec())->id(), "job-000003");
+}
+
+}  // namespace
+}  // namespace apapo::coordinator

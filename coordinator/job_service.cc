@@ -1,0 +1,108 @@
+#include "coordinator/job_service.h"
+
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace apapo::coordinator {
+
+using apapo::v1::WatchJobResponse;
+
+JobServiceImpl::JobServiceImpl(JobManager* jobs, absl::Duration watch_poll)
+    : jobs_(jobs), watch_poll_(watch_poll) {}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*,
+                                       const apapo::v1::SubmitJobRequest* request,
+                                       apapo::v1::SubmitJobResponse* response) {
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Submit(request->spec());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*,
+                                    const apapo::v1::GetJobRequest* request,
+                                    apapo::v1::Job* response) {
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*,
+                                      const apapo::v1::ListJobsRequest* request,
+                                      apapo::v1::ListJobsResponse* response) {
+  absl::StatusOr<apapo::v1::ListJobsResponse> list = jobs_->List(*request);
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  *response = std::move(*list);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*,
+                                       const apapo::v1::CancelJobRequest* request,
+                                       apapo::v1::Job* response) {
+  absl::StatusOr<apapo::v1::Job> job =
+      jobs_->Cancel(request->job_id(), request->reason());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext*,
+                                     const apapo::v1::GetPlanRequest* request,
+                                     apapo::v1::GetPlanResponse* response) {
+  absl::StatusOr<apapo::v1::GetPlanResponse> plan =
+      jobs_->GetPlan(request->job_id());
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
+  *response = std::move(*plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchJob(
+    grpc::ServerContext* context, const apapo::v1::WatchJobRequest* request,
+    grpc::ServerWriter<WatchJobResponse>* writer) {
+  if (request->after_sequence() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "after_sequence: must be >= 0"));
+  }
+  // The snapshot: the job now, then the history after the cursor.
+  absl::StatusOr<JobChange> change = jobs_->WaitForChange(
+      request->job_id(), /*seen_version=*/-1, request->after_sequence(),
+      absl::InfinitePast());
+  if (!change.ok()) return ToGrpcStatus(change.status());
+  WatchJobResponse first;
+  *first.mutable_job() = change->job;
+  if (!writer->Write(first)) return grpc::Status::OK;
+  int64_t cursor = request->after_sequence();
+  int64_t version = change->version;
+  while (true) {
+    for (const auto& event : change->events) {
+      WatchJobResponse message;
+      *message.mutable_job() = change->job;
+      *message.mutable_event() = event;
+      if (!writer->Write(message)) return grpc::Status::OK;
+      cursor = event.sequence();
+    }
+    if (IsTerminal(change->job.state()) &&
+        cursor >= change->job.last_event_sequence()) {
+      return grpc::Status::OK;
+    }
+    // Wait for the next change, waking up to notice a client that left.
+    while (true) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+      }
+      change = jobs_->WaitForChange(request->job_id(), version, cursor,
+                                    absl::Now() + watch_poll_);
+      if (!change.ok()) return ToGrpcStatus(change.status());
+      if (change->version != version) break;
+    }
+    version = change->version;
+    if (change->events.empty()) {  // progress only
+      WatchJobResponse message;
+      *message.mutable_job() = change->job;
+      if (!writer->Write(message)) return grpc::Status::OK;
+    }
+  }
+}
+
+}  // namespace apapo::coordinator

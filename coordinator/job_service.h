@@ -1,0 +1,48 @@
+// JobService gRPC adapter: unpacks requests, calls the JobManager, converts
+// statuses (common/grpc_status.h) and nothing else.
+//
+// Thread-safety: handlers run concurrently on gRPC's threads; all state is
+// in the JobManager.
+#ifndef APAPO_COORDINATOR_JOB_SERVICE_H_
+#define APAPO_COORDINATOR_JOB_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "coordinator/job_manager.h"
+#include "proto/apapo/v1/service.grpc.pb.h"
+
+namespace apapo::coordinator {
+
+class JobServiceImpl final : public apapo::v1::JobService::Service {
+ public:
+  // `jobs` must outlive the service. WatchJob streams re-check for client
+  // cancellation every `watch_poll`.
+  explicit JobServiceImpl(JobManager* jobs,
+                          absl::Duration watch_poll = absl::Milliseconds(250));
+
+  grpc::Status SubmitJob(grpc::ServerContext* context,
+                         const apapo::v1::SubmitJobRequest* request,
+                         apapo::v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context,
+                      const apapo::v1::GetJobRequest* request,
+                      apapo::v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const apapo::v1::ListJobsRequest* request,
+                        apapo::v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context,
+                         const apapo::v1::CancelJobRequest* request,
+                         apapo::v1::Job* response) override;
+  grpc::Status GetPlan(grpc::ServerContext* context,
+                       const apapo::v1::GetPlanRequest* request,
+                       apapo::v1::GetPlanResponse* response) override;
+  grpc::Status WatchJob(
+      grpc::ServerContext* context, const apapo::v1::WatchJobRequest* request,
+      grpc::ServerWriter<apapo::v1::WatchJobResponse>* writer) override;
+
+ private:
+  JobManager* const jobs_;
+  const absl::Duration watch_poll_;
+};
+
+}  // namespace apapo::coordinator
+
+#endif  // APAPO_COORDINATOR_JOB_SERVICE_H_

@@ -1,0 +1,135 @@
+// apapo-coordinator: accepts training jobs over gRPC and drives them through
+// profiling, planning and training on the registered worker daemons.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_service.h"
+#include "coordinator/job_store.h"
+#include "coordinator/server.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int, port, 7070,
+          "gRPC port for JobService, WorkerService, health and reflection; 0 "
+          "picks a free port (printed on start).");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the bound port to this file once serving.");
+ABSL_FLAG(std::string, data_dir, "",
+          "Folder for the state database; default $HOME/.local/share/apapo.");
+ABSL_FLAG(std::string, state, "",
+          "State database path (SQLite); default DATA_DIR/coordinator.db; "
+          "':memory:' keeps nothing across restarts.");
+
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitUnavailable = 3;
+
+std::string DefaultDataDir() {
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home && *home ? home : ".", "/.local/share/apapo");
+}
+
+int Run() {
+  std::string state = absl::GetFlag(FLAGS_state);
+  if (state.empty()) {
+    std::string dir = absl::GetFlag(FLAGS_data_dir);
+    if (dir.empty()) dir = DefaultDataDir();
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      std::cerr << "apapo-coordinator: cannot create --data_dir " << dir << ": "
+                << ec.message() << "\n";
+      return kExitUsage;
+    }
+    state = dir + "/coordinator.db";
+  }
+  if (absl::GetFlag(FLAGS_port) < 0 || absl::GetFlag(FLAGS_port) > 65535) {
+    std::cerr << "apapo-coordinator: --port must be in 0..65535, got "
+              << absl::GetFlag(FLAGS_port) << "\n";
+    return kExitUsage;
+  }
+
+  std::unique_ptr<apapo::coordinator::JobStore> store;
+  if (state == ":memory:") {
+    store = std::make_unique<apapo::coordinator::MemoryJobStore>();
+  } else {
+    auto opened = apapo::coordinator::OpenSqliteJobStore(state);
+    if (!opened.ok()) {
+      std::cerr << "apapo-coordinator: " << opened.status().message() << "\n";
+      return kExitUsage;
+    }
+    store = std::move(*opened);
+  }
+  apapo::coordinator::RealClock clock;
+  apapo::coordinator::JobManager jobs(store.get(), &clock);
+  if (absl::Status s = jobs.Recover(); !s.ok()) {
+    std::cerr << "apapo-coordinator: recovering " << state << ": "
+              << s.message() << "\n";
+    return kExitUsage;
+  }
+  apapo::coordinator::JobServiceImpl job_service(&jobs);
+  apapo::coordinator::CoordinatorServer server({&job_service});
+
+  // Handle SIGINT/SIGTERM on a dedicated thread: block them everywhere else.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  absl::StatusOr<int> port = server.Start(address);
+  if (!port.ok()) {
+    std::cerr << "apapo-coordinator: " << port.status().message() << "\n";
+    return kExitUnavailable;
+  }
+  std::cout << "apapo-coordinator listening on port " << *port << " (state "
+            << state << ")" << std::endl;
+  if (std::string file = absl::GetFlag(FLAGS_port_file); !file.empty()) {
+    std::string tmp = file + ".tmp";
+    std::ofstream(tmp) << *port << "\n";
+    std::filesystem::rename(tmp, file);
+  }
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cerr << "apapo-coordinator: signal " << sig << ", shutting down\n";
+    server.Shutdown();
+  });
+  server.Wait();
+  // Wake the signal thread if the server stopped for another reason.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Runs the APapo coordinator: accepts jobs (JobService), registers "
+      "worker daemons (WorkerService), plans and drives training.\n"
+      "Usage: apapo-coordinator [--port=7070] [--state=PATH]");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::cerr << "apapo-coordinator: unexpected argument \"" << rest[1]
+              << "\" (see --help)\n";
+    return kExitUsage;
+  }
+  return Run();
+}

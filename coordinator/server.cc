@@ -1,0 +1,46 @@
+#include "coordinator/server.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace apapo::coordinator {
+
+CoordinatorServer::CoordinatorServer(std::vector<grpc::Service*> services)
+    : services_(std::move(services)) {}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  for (grpc::Service* service : services_) builder.RegisterService(service);
+  // Workers' streams carry metrics: allow messages larger than the 4 MB
+  // default (profiles of big models, plans).
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address,
+                     " (address in use or not valid)"));
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  return port;
+}
+
+void CoordinatorServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+void CoordinatorServer::Shutdown() {
+  if (!server_) return;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace apapo::coordinator
