@@ -1,0 +1,402 @@
+#include "cli/apapoctl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/spec_file.h"
+#include "common/grpc_status.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/time_util.h"
+#include "grpcpp/grpcpp.h"
+
+namespace apapo::cli {
+namespace {
+
+using apapo::v1::Job;
+
+std::string StateName(apapo::v1::JobState s) {
+  std::string name = apapo::v1::JobState_Name(s);
+  constexpr absl::string_view kPrefix = "JOB_STATE_";
+  if (name.rfind(std::string(kPrefix), 0) == 0) name = name.substr(kPrefix.size());
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  return name;
+}
+
+std::string ScheduleName(apapo::v1::ScheduleKind k) {
+  switch (k) {
+    case apapo::v1::SCHEDULE_KIND_ASYNC: return "async";
+    case apapo::v1::SCHEDULE_KIND_2BW: return "2bw";
+    case apapo::v1::SCHEDULE_KIND_GPIPE: return "gpipe";
+    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH: return "1f1b_flush";
+    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL: return "dp";
+    default: return "auto";
+  }
+}
+
+bool Ended(apapo::v1::JobState s) {
+  return s == apapo::v1::JOB_STATE_SUCCEEDED ||
+         s == apapo::v1::JOB_STATE_FAILED ||
+         s == apapo::v1::JOB_STATE_CANCELLED;
+}
+
+std::string FormatDuration(int64_t seconds) {
+  if (seconds < 0) return "?";
+  if (seconds < 60) return absl::StrCat(seconds, "s");
+  if (seconds < 3600) return absl::StrFormat("%dm%02ds", seconds / 60, seconds % 60);
+  return absl::StrFormat("%dh%02dm", seconds / 3600, (seconds % 3600) / 60);
+}
+
+std::string FormatTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                          absl::FromUnixSeconds(t.seconds()),
+                          absl::LocalTimeZone());
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  if (bytes < (1LL << 30)) return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+  return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+}
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+}  // namespace
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return kExitOk;
+    case absl::StatusCode::kInvalidArgument: return kExitUsage;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return kExitUnavailable;
+    case absl::StatusCode::kNotFound: return kExitNotFound;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kAlreadyExists: return kExitRefused;
+    default: return kExitError;
+  }
+}
+
+absl::Status ApplyOverrides(const SubmitOverrides& o, apapo::v1::JobSpec* spec) {
+  if (o.name) spec->set_name(*o.name);
+  if (o.workers) spec->mutable_resources()->set_workers(*o.workers);
+  if (o.epochs) spec->mutable_limits()->set_epochs(*o.epochs);
+  if (o.max_steps) spec->mutable_limits()->set_max_steps(*o.max_steps);
+  if (o.micro_batches) spec->mutable_schedule()->set_micro_batches(*o.micro_batches);
+  if (o.batch_size) spec->mutable_data()->set_batch_size(*o.batch_size);
+  if (o.schedule) {
+    static const std::pair<const char*, apapo::v1::ScheduleKind> kNames[] = {
+        {"auto", apapo::v1::SCHEDULE_KIND_UNSPECIFIED},
+        {"async", apapo::v1::SCHEDULE_KIND_ASYNC},
+        {"2bw", apapo::v1::SCHEDULE_KIND_2BW},
+        {"gpipe", apapo::v1::SCHEDULE_KIND_GPIPE},
+        {"1f1b_flush", apapo::v1::SCHEDULE_KIND_1F1B_FLUSH},
+        {"dp", apapo::v1::SCHEDULE_KIND_DATA_PARALLEL},
+    };
+    bool found = false;
+    for (const auto& [name, kind] : kNames) {
+      if (*o.schedule == name) {
+        spec->mutable_schedule()->set_kind(kind);
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--schedule: unknown schedule \"", *o.schedule,
+          "\"; expected auto, async, 2bw, gpipe, 1f1b_flush or dp"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatProgress(const Job& job) {
+  const auto& p = job.progress();
+  constexpr int kWidth = 24;
+  double fraction = p.total_steps() > 0
+                        ? std::min(1.0, static_cast<double>(p.step()) / p.total_steps())
+                        : 0.0;
+  if (job.state() == apapo::v1::JOB_STATE_SUCCEEDED) fraction = 1.0;
+  int filled = static_cast<int>(std::round(fraction * kWidth));
+  std::string bar = absl::StrCat("[", std::string(filled, '#'),
+                                 std::string(kWidth - filled, '-'), "]");
+  std::string line = absl::StrFormat("%s %3d%% %-10s", bar,
+                                     static_cast<int>(fraction * 100),
+                                     StateName(job.state()));
+  int epochs = job.spec().limits().epochs();
+  if (p.epoch() > 0) {
+    absl::StrAppend(&line, " epoch ", p.epoch(),
+                    epochs > 0 ? absl::StrCat("/", epochs) : "");
+  }
+  absl::StrAppend(&line, " step ", p.step());
+  if (p.total_steps() > 0) absl::StrAppend(&line, "/", p.total_steps());
+  if (p.samples_per_second() > 0) {
+    absl::StrAppend(&line, absl::StrFormat(" %.0f samples/s", p.samples_per_second()));
+  }
+  if (p.loss() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.4f", p.loss()));
+  if (p.has_test_accuracy()) {
+    absl::StrAppend(&line, absl::StrFormat(" acc %.2f%%", 100 * p.test_accuracy()));
+  }
+  if (p.has_eta() && !Ended(job.state())) {
+    absl::StrAppend(&line, " ETA ", FormatDuration(p.eta().seconds()));
+  }
+  return line;
+}
+
+std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
+  const auto& plan = response.plan();
+  std::string out = absl::StrFormat(
+      "plan for %s: %d stage(s) on %d worker(s), schedule %s, %d micro-batches, "
+      "in-flight %d, cost model %s\n",
+      plan.model(), plan.stages_size(), plan.num_workers(),
+      ScheduleName(plan.schedule()), plan.micro_batches(), plan.in_flight(),
+      plan.cost_model().empty() ? "apapo" : plan.cost_model());
+  absl::StrAppend(&out, absl::StrFormat(
+      "%-5s %-28s %-4s %-16s %10s %10s %10s %11s %10s %10s\n", "stage",
+      "layers", "reps", "workers", "pred s/mb", "allreduce", "comm s",
+      "memory", "busy s", "idle s"));
+  for (const auto& stage : plan.stages()) {
+    std::string layers;
+    if (stage.node_ids_size() <= 3) {
+      layers = absl::StrJoin(stage.node_ids(), ",");
+    } else {
+      layers = absl::StrCat(stage.node_ids(0), "..",
+                            stage.node_ids(stage.node_ids_size() - 1), " (",
+                            stage.node_ids_size(), ")");
+    }
+    std::vector<std::string> workers;
+    for (const auto& r : stage.placement()) workers.push_back(r.worker_id());
+    double busy = 0, idle = 0;
+    bool measured = false;
+    for (const auto& s : response.measured().stages()) {
+      if (s.stage() == stage.index()) {
+        busy += s.busy_seconds();
+        idle += s.idle_seconds();
+        measured = true;
+      }
+    }
+    absl::StrAppend(&out, absl::StrFormat(
+        "%-5d %-28s %-4d %-16s %10.5f %10.5f %10.5f %11s %10s %10s\n",
+        stage.index(), layers, stage.replicas(), absl::StrJoin(workers, ","),
+        stage.compute_seconds(), stage.allreduce_seconds(),
+        stage.comm_seconds(), FormatBytes(stage.peak_memory_bytes()),
+        measured ? absl::StrFormat("%.2f", busy) : "-",
+        measured ? absl::StrFormat("%.2f", idle) : "-"));
+  }
+  const auto& pred = plan.prediction();
+  absl::StrAppend(&out, absl::StrFormat(
+      "predicted: %.5f s per mini-batch, %.1f samples/s, bubble %.1f%%, "
+      "%.2fx over one worker\n",
+      pred.seconds_per_mini_batch(), pred.samples_per_second(),
+      100 * pred.bubble_fraction(), pred.speedup_over_single_worker()));
+  if (response.measured().samples_per_second() > 0) {
+    absl::StrAppend(&out, absl::StrFormat(
+        "measured:  %.1f samples/s (%.2fx the prediction)\n",
+        response.measured().samples_per_second(),
+        pred.samples_per_second() > 0
+            ? response.measured().samples_per_second() / pred.samples_per_second()
+            : 0.0));
+  }
+  std::vector<std::pair<std::string, double>> alternatives(
+      pred.alternatives_samples_per_second().begin(),
+      pred.alternatives_samples_per_second().end());
+  std::sort(alternatives.begin(), alternatives.end());
+  for (const auto& [name, sps] : alternatives) {
+    absl::StrAppend(&out, absl::StrFormat("  alternative %-12s %10.1f samples/s\n",
+                                          name, sps));
+  }
+  for (const auto& note : plan.notes()) absl::StrAppend(&out, "note: ", note, "\n");
+  return out;
+}
+
+Apapoctl::Apapoctl(apapo::v1::JobService::StubInterface* jobs,
+                   apapo::v1::WorkerService::StubInterface* workers,
+                   std::ostream& out, std::ostream& err, absl::Duration timeout)
+    : jobs_(jobs), workers_(workers), out_(out), err_(err), timeout_(timeout) {}
+
+int Apapoctl::Fail(const std::string& what, const absl::Status& status) {
+  std::string code = absl::StatusCodeToString(status.code());
+  err_ << "apapoctl: " << what << ": " << status.message() << " (" << code
+       << ")\n";
+  return ExitCodeFor(status);
+}
+
+int Apapoctl::Run(const std::vector<std::string>& args,
+                  const SubmitOverrides& overrides, bool watch_after_submit,
+                  bool interactive) {
+  auto need = [&](size_t n) {
+    if (args.size() != n + 1) {
+      err_ << "apapoctl: " << args[0] << " takes " << n << " argument"
+           << (n == 1 ? "" : "s") << " (see --help)\n";
+      return false;
+    }
+    return true;
+  };
+  if (args.empty()) {
+    err_ << "apapoctl: no command; one of submit, list, get, watch, cancel, "
+            "plan, workers (see --help)\n";
+    return kExitUsage;
+  }
+  const std::string& cmd = args[0];
+  if (cmd == "submit") {
+    return need(1) ? Submit(args[1], overrides, watch_after_submit, interactive)
+                   : kExitUsage;
+  }
+  if (cmd == "list") return need(0) ? List() : kExitUsage;
+  if (cmd == "get") return need(1) ? Get(args[1]) : kExitUsage;
+  if (cmd == "watch") return need(1) ? Watch(args[1], interactive) : kExitUsage;
+  if (cmd == "cancel") return need(1) ? Cancel(args[1]) : kExitUsage;
+  if (cmd == "plan") return need(1) ? Plan(args[1]) : kExitUsage;
+  if (cmd == "workers") return need(0) ? Workers() : kExitUsage;
+  err_ << "apapoctl: unknown command \"" << cmd
+       << "\"; one of submit, list, get, watch, cancel, plan, workers\n";
+  return kExitUsage;
+}
+
+int Apapoctl::Submit(const std::string& file, const SubmitOverrides& overrides,
+                     bool watch, bool interactive) {
+  absl::StatusOr<apapo::v1::JobSpec> spec = LoadJobSpec(file);
+  if (!spec.ok()) {
+    err_ << "apapoctl: " << spec.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (absl::Status s = ApplyOverrides(overrides, &*spec); !s.ok()) {
+    err_ << "apapoctl: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  apapo::v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  apapo::v1::SubmitJobResponse response;
+  grpc::Status status =
+      jobs_->SubmitJob(Context(timeout_).get(), request, &response);
+  if (!status.ok()) return Fail("submit " + file, FromGrpcStatus(status));
+  out_ << response.job().id() << "\n" << std::flush;
+  return watch ? Watch(response.job().id(), interactive) : kExitOk;
+}
+
+int Apapoctl::List() {
+  apapo::v1::ListJobsResponse response;
+  grpc::Status status = jobs_->ListJobs(Context(timeout_).get(),
+                                        apapo::v1::ListJobsRequest(), &response);
+  if (!status.ok()) return Fail("list", FromGrpcStatus(status));
+  out_ << absl::StrFormat("%-12s %-20s %-11s %-8s %8s %12s %9s  %s\n", "JOB",
+                          "NAME", "STATE", "WORKERS", "STEP", "SAMPLES/S",
+                          "ACCURACY", "CREATED");
+  for (const Job& job : response.jobs()) {
+    const auto& p = job.progress();
+    out_ << absl::StrFormat(
+        "%-12s %-20s %-11s %-8d %8d %12.1f %9s  %s\n", job.id(),
+        job.spec().name(), StateName(job.state()),
+        job.spec().resources().workers(), p.step(), p.samples_per_second(),
+        p.has_test_accuracy() ? absl::StrFormat("%.2f%%", 100 * p.test_accuracy())
+                              : "-",
+        FormatTime(job.create_time()));
+  }
+  return kExitOk;
+}
+
+int Apapoctl::Get(const std::string& id) {
+  apapo::v1::GetJobRequest request;
+  request.set_job_id(id);
+  Job job;
+  grpc::Status status = jobs_->GetJob(Context(timeout_).get(), request, &job);
+  if (!status.ok()) return Fail("get " + id, FromGrpcStatus(status));
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job, &text);
+  out_ << text;
+  return kExitOk;
+}
+
+int Apapoctl::Watch(const std::string& id, bool interactive) {
+  apapo::v1::WatchJobRequest request;
+  request.set_job_id(id);
+  grpc::ClientContext context;  // no deadline: a watch lasts the job
+  auto reader = jobs_->WatchJob(&context, request);
+  apapo::v1::WatchJobResponse message;
+  Job last;
+  std::string last_line;
+  while (reader->Read(&message)) {
+    last = message.job();
+    if (message.has_event()) {
+      if (interactive) out_ << "\r\033[K";
+      out_ << FormatTime(message.event().time()) << " " << id << " "
+           << StateName(message.event().state()) << ": "
+           << message.event().message() << "\n";
+      last_line.clear();
+    }
+    std::string line = FormatProgress(last);
+    if (line != last_line &&
+        (interactive || last.state() == apapo::v1::JOB_STATE_RUNNING)) {
+      // A live bar on a terminal; one line per change in a log.
+      out_ << (interactive ? "\r\033[K" : "") << line
+           << (interactive ? "" : "\n") << std::flush;
+      last_line = line;
+    }
+  }
+  if (interactive) out_ << "\n";
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Fail("watch " + id, FromGrpcStatus(status));
+  out_ << id << " " << StateName(last.state());
+  if (last.progress().has_test_accuracy()) {
+    out_ << absl::StrFormat(": test accuracy %.2f%%, %.1f samples/s",
+                            100 * last.progress().test_accuracy(),
+                            last.progress().samples_per_second());
+  }
+  if (!last.error().empty()) out_ << ": " << last.error();
+  out_ << "\n";
+  return last.state() == apapo::v1::JOB_STATE_SUCCEEDED ? kExitOk
+                                                        : kExitJobFailed;
+}
+
+int Apapoctl::Cancel(const std::string& id) {
+  apapo::v1::CancelJobRequest request;
+  request.set_job_id(id);
+  request.set_reason("apapoctl cancel");
+  Job job;
+  grpc::Status status = jobs_->CancelJob(Context(timeout_).get(), request, &job);
+  if (!status.ok()) return Fail("cancel " + id, FromGrpcStatus(status));
+  out_ << id << " " << StateName(job.state()) << "\n";
+  return kExitOk;
+}
+
+int Apapoctl::Plan(const std::string& id) {
+  apapo::v1::GetPlanRequest request;
+  request.set_job_id(id);
+  apapo::v1::GetPlanResponse response;
+  grpc::Status status =
+      jobs_->GetPlan(Context(timeout_).get(), request, &response);
+  if (!status.ok()) return Fail("plan " + id, FromGrpcStatus(status));
+  out_ << FormatPlan(response);
+  return kExitOk;
+}
+
+int Apapoctl::Workers() {
+  apapo::v1::ListWorkersResponse response;
+  grpc::Status status = workers_->ListWorkers(
+      Context(timeout_).get(), apapo::v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return Fail("workers", FromGrpcStatus(status));
+  out_ << absl::StrFormat("%-20s %-16s %-6s %-6s %10s %-12s %s\n", "WORKER",
+                          "HOST", "STATE", "CORES", "MEMORY", "JOB",
+                          "LAST HEARTBEAT");
+  for (const auto& w : response.workers()) {
+    std::string state = apapo::v1::WorkerState_Name(w.state());
+    state = state.substr(std::string("WORKER_STATE_").size());
+    std::transform(state.begin(), state.end(), state.begin(), ::tolower);
+    out_ << absl::StrFormat("%-20s %-16s %-6s %-6d %10s %-12s %s\n",
+                            w.info().worker_id(), w.info().host(), state,
+                            w.info().cores(), FormatBytes(w.info().memory_bytes()),
+                            w.job_id().empty() ? "-" : w.job_id(),
+                            FormatTime(w.last_heartbeat()));
+  }
+  return kExitOk;
+}
+
+}  // namespace apapo::cli

@@ -1,0 +1,182 @@
+// apapoctl's commands against a real coordinator JobService on loopback.
+#include "cli/apapoctl.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "coordinator/job_service.h"
+#include "coordinator/server.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace apapo::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+constexpr char kSpec[] = R"pb(
+  name: "ctl"
+  model { builtin { name: "mlp" } }
+  data { fashion_mnist {} batch_size: 64 }
+  optimizer { sgd {} learning_rate: 0.1 }
+  resources { workers: 1 }
+  limits { epochs: 1 }
+)pb";
+
+class ApapoctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto port = server_.Start("127.0.0.1:0");
+    ASSERT_TRUE(port.ok()) << port.status();
+    address_ = "127.0.0.1:" + std::to_string(*port);
+    Connect(address_);
+  }
+  void TearDown() override { server_.Shutdown(); }
+
+  void Connect(const std::string& address) {
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    job_stub_ = apapo::v1::JobService::NewStub(channel);
+    worker_stub_ = apapo::v1::WorkerService::NewStub(channel);
+  }
+
+  int Run(std::vector<std::string> args, SubmitOverrides o = {}) {
+    out_.str("");
+    err_.str("");
+    Apapoctl ctl(job_stub_.get(), worker_stub_.get(), out_, err_,
+                 absl::Seconds(10));
+    return ctl.Run(args, o, /*watch_after_submit=*/false, /*interactive=*/false);
+  }
+
+  coordinator::MemoryJobStore store_;
+  coordinator::RealClock clock_;
+  coordinator::JobManager jobs_{&store_, &clock_};
+  coordinator::JobServiceImpl service_{&jobs_, absl::Milliseconds(20)};
+  coordinator::CoordinatorServer server_{{&service_}};
+  std::string address_;
+  std::unique_ptr<apapo::v1::JobService::Stub> job_stub_;
+  std::unique_ptr<apapo::v1::WorkerService::Stub> worker_stub_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(ApapoctlTest, SubmitListGetCancelWatch) {
+  std::string file = WriteFile("ok.textproto", kSpec);
+  ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str(), "job-000001\n");
+  ASSERT_EQ(Run({"list"}), kExitOk);
+  EXPECT_THAT(out_.str(), HasSubstr("job-000001"));
+  EXPECT_THAT(out_.str(), HasSubstr("queued"));
+  ASSERT_EQ(Run({"get", "job-000001"}), kExitOk);
+  EXPECT_THAT(out_.str(), HasSubstr("name: \"ctl\""));
+  ASSERT_EQ(Run({"cancel", "job-000001"}), kExitOk);
+  EXPECT_EQ(out_.str(), "job-000001 cancelled\n");
+  EXPECT_EQ(Run({"cancel", "job-000001"}), kExitRefused);
+  EXPECT_THAT(err_.str(), StartsWith("apapoctl: cancel job-000001: job-000001 "
+                                     "has already ended"));
+  EXPECT_EQ(Run({"watch", "job-000001"}), kExitJobFailed);
+  EXPECT_THAT(out_.str(), HasSubstr("job-000001 cancelled\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("cancelled: apapoctl cancel"));
+}
+
+TEST_F(ApapoctlTest, OverridesApplyAndInvalidSpecIsOneLineUsageError) {
+  std::string file = WriteFile("ov.textproto", kSpec);
+  SubmitOverrides o;
+  o.micro_batches = 0;
+  EXPECT_EQ(Run({"submit", file}, o), kExitUsage);
+  EXPECT_EQ(err_.str(),
+            "apapoctl: submit " + file +
+                ": spec.schedule.micro_batches: must be >= 1, got 0 "
+                "(INVALID_ARGUMENT)\n");
+  o = {};
+  o.schedule = "fastest";
+  EXPECT_EQ(Run({"submit", file}, o), kExitUsage);
+  EXPECT_THAT(err_.str(), HasSubstr("--schedule: unknown schedule \"fastest\""));
+  o = {};
+  o.name = "renamed";
+  o.schedule = "gpipe";
+  ASSERT_EQ(Run({"submit", file}, o), kExitOk);
+  auto job = jobs_.Get("job-000001");
+  EXPECT_EQ(job->spec().name(), "renamed");
+  EXPECT_EQ(job->spec().schedule().kind(), apapo::v1::SCHEDULE_KIND_GPIPE);
+}
+
+TEST_F(ApapoctlTest, SyntaxErrorNotFoundAndUsage) {
+  std::string bad = WriteFile("bad.textproto", "name: \"x\"\nlimits { epochs: }\n");
+  EXPECT_EQ(Run({"submit", bad}), kExitUsage);
+  EXPECT_THAT(err_.str(), HasSubstr(bad + ":2:"));
+  EXPECT_EQ(Run({"get", "job-000777"}), kExitNotFound);
+  EXPECT_THAT(err_.str(), HasSubstr("(NOT_FOUND)"));
+  EXPECT_EQ(Run({"plan", "job-000777"}), kExitNotFound);
+  EXPECT_EQ(Run({"frobnicate"}), kExitUsage);
+  EXPECT_EQ(Run({"get"}), kExitUsage);
+  EXPECT_EQ(Run({}), kExitUsage);
+}
+
+TEST_F(ApapoctlTest, UnreachableCoordinatorIsUnavailable) {
+  server_.Shutdown();  // its port is now closed
+  Connect(address_);
+  EXPECT_EQ(Run({"list"}), kExitUnavailable);
+  EXPECT_THAT(err_.str(), StartsWith("apapoctl: list: "));
+  EXPECT_THAT(err_.str(), HasSubstr("(UNAVAILABLE)"));
+}
+
+TEST(FormatTest, ProgressBar) {
+  apapo::v1::Job job;
+  job.set_state(apapo::v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->mutable_limits()->set_epochs(3);
+  auto* p = job.mutable_progress();
+  p->set_step(50);
+  p->set_total_steps(100);
+  p->set_epoch(2);
+  p->set_samples_per_second(1234.4);
+  p->set_loss(0.5);
+  p->set_test_accuracy(0.8812);
+  p->mutable_eta()->set_seconds(125);
+  EXPECT_EQ(FormatProgress(job),
+            "[############------------]  50% running    epoch 2/3 step 50/100 "
+            "1234 samples/s loss 0.5000 acc 88.12% ETA 2m05s");
+}
+
+TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {
+  apapo::v1::GetPlanResponse r;
+  auto* plan = r.mutable_plan();
+  plan->set_model("mlp");
+  plan->set_num_workers(2);
+  plan->set_schedule(apapo::v1::SCHEDULE_KIND_ASYNC);
+  plan->set_micro_batches(4);
+  for (int i = 0; i < 2; ++i) {
+    auto* s = plan->add_stages();
+    s->set_index(i);
+    s->add_node_ids(i == 0 ? "fc1" : "fc4");
+    s->set_replicas(1);
+    s->add_placement()->set_worker_id(i == 0 ? "w-a" : "w-b");
+    s->set_compute_seconds(0.05);
+    s->set_peak_memory_bytes(100 << 20);
+    auto* m = r.mutable_measured()->add_stages();
+    m->set_stage(i);
+    m->set_busy_seconds(10);
+    m->set_idle_seconds(1);
+  }
+  plan->mutable_prediction()->set_samples_per_second(2000);
+  r.mutable_measured()->set_samples_per_second(1500);
+  std::string table = FormatPlan(r);
+  EXPECT_THAT(table, HasSubstr("2 stage(s) on 2 worker(s), schedule async"));
+  EXPECT_THAT(table, HasSubstr("w-b"));
+  EXPECT_THAT(table, HasSubstr("100.0 MiB"));
+  EXPECT_THAT(table, HasSubstr("10.00"));
+  EXPECT_THAT(table, HasSubstr("measured:  1500.0 samples/s (0.75x the prediction)"));
+}
+
+}  // namespace
+}  // namespace apapo::cli

@@ -1,0 +1,67 @@
+#include "cli/spec_file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace apapo::cli {
+namespace {
+
+// Collects the first text-format error with its position.
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (message_.empty()) {
+      line_ = line + 1;
+      column_ = column + 1;
+      message_ = message;
+    }
+  }
+  int line_ = 0, column_ = 0;
+  std::string message_;
+};
+
+}  // namespace
+
+absl::StatusOr<apapo::v1::JobSpec> ParseJobSpec(const std::string& path,
+                                                const std::string& text) {
+  apapo::v1::JobSpec spec;
+  absl::string_view trimmed = absl::StripLeadingAsciiWhitespace(text);
+  bool json = absl::EndsWith(path, ".json") || absl::StartsWith(trimmed, "{");
+  if (json) {
+    google::protobuf::util::JsonParseOptions options;
+    auto status = google::protobuf::util::JsonStringToMessage(text, &spec, options);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": not a valid JobSpec in JSON: ",
+                       std::string(status.message().data(), status.message().size())));
+    }
+    return spec;
+  }
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ":", errors.line_, ":", errors.column_, ": ", errors.message_));
+  }
+  return spec;
+}
+
+absl::StatusOr<apapo::v1::JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseJobSpec(path, text.str());
+}
+
+}  // namespace apapo::cli
