@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every APapo test: installs what is missing, builds everything, runs
+# the unit tests (bazel test //...), the multi-process tests under tests/ and
+# the bounded fuzzing run, then prints one line "N passed, N failed" counting
+# test cases. Exit status 0 only if nothing failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+bash deploy/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 1 failed"; exit 1; }
+
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+PY=/usr/bin/python3
+# Tests pin their own thread counts; keep OpenBLAS from oversubscribing the
+# shared cores in every test process.
+export OPENBLAS_NUM_THREADS=1
+
+echo "== bazel build //..."
+if ! bazel build //... 2>&1 | tail -n 30; then :; fi
+
+echo "== bazel test //..."
+bazel test //... --test_summary=short --test_output=errors 2>&1 | tee "$OUT/bazel.log" | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools'
+
+echo "== tests/ (multi-process, Python clients)"
+$PY tests/lib/run_python_tests.py "$OUT/python.json"
+
+extra=("$OUT/python.json")
+if [ -x partitioner/fuzz.sh ]; then
+  echo "== fuzzing the profile parser (bounded)"
+  if bash partitioner/fuzz.sh "${FUZZ_SECONDS:-30}"; then
+    echo '{"passed": 1, "failed": 0}' > "$OUT/fuzz.json"
+  else
+    echo '{"passed": 0, "failed": 1}' > "$OUT/fuzz.json"
+  fi
+  extra+=("$OUT/fuzz.json")
+fi
+
+echo "== summary"
+$PY tests/lib/summarize.py "$ROOT" "$OUT/bazel.log" "${extra[@]}"
