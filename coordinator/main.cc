@@ -19,6 +19,9 @@
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
 #include "coordinator/server.h"
+#include "coordinator/worker_registry.h"
+#include "coordinator/worker_service.h"
+#include "absl/synchronization/notification.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int, port, 7070,
@@ -28,6 +31,9 @@ ABSL_FLAG(std::string, port_file, "",
           "If set, write the bound port to this file once serving.");
 ABSL_FLAG(std::string, data_dir, "",
           "Folder for the state database; default $HOME/.local/share/apapo.");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(2),
+          "How often workers heartbeat; a worker silent for 3 intervals is "
+          "marked lost.");
 ABSL_FLAG(std::string, state, "",
           "State database path (SQLite); default DATA_DIR/coordinator.db; "
           "':memory:' keeps nothing across restarts.");
@@ -80,8 +86,19 @@ int Run() {
               << s.message() << "\n";
     return kExitUsage;
   }
+  if (absl::GetFlag(FLAGS_heartbeat_interval) <= absl::ZeroDuration()) {
+    std::cerr << "apapo-coordinator: --heartbeat_interval must be > 0\n";
+    return kExitUsage;
+  }
+  apapo::coordinator::WorkerRegistry registry(
+      &clock, absl::GetFlag(FLAGS_heartbeat_interval));
   apapo::coordinator::JobServiceImpl job_service(&jobs);
-  apapo::coordinator::CoordinatorServer server({&job_service});
+  apapo::coordinator::WorkerServiceImpl worker_service(&registry,
+                                                       /*listener=*/nullptr);
+  apapo::coordinator::CoordinatorServer server(
+      {&job_service, &worker_service},
+      {apapo::v1::JobService::service_full_name(),
+       apapo::v1::WorkerService::service_full_name()});
 
   // Handle SIGINT/SIGTERM on a dedicated thread: block them everywhere else.
   sigset_t signals;
@@ -111,7 +128,17 @@ int Run() {
     std::cerr << "apapo-coordinator: signal " << sig << ", shutting down\n";
     server.Shutdown();
   });
+  // Marks silent workers lost, once per heartbeat interval.
+  absl::Notification stopping;
+  std::thread monitor([&] {
+    while (!stopping.WaitForNotificationWithTimeout(
+        absl::GetFlag(FLAGS_heartbeat_interval))) {
+      registry.CheckTimeouts();
+    }
+  });
   server.Wait();
+  stopping.Notify();
+  monitor.join();
   // Wake the signal thread if the server stopped for another reason.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

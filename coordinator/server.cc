@@ -7,8 +7,9 @@
 
 namespace apapo::coordinator {
 
-CoordinatorServer::CoordinatorServer(std::vector<grpc::Service*> services)
-    : services_(std::move(services)) {}
+CoordinatorServer::CoordinatorServer(std::vector<grpc::Service*> services,
+                                     std::vector<std::string> health_names)
+    : services_(std::move(services)), health_names_(std::move(health_names)) {}
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
@@ -28,6 +29,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address,
                      " (address in use or not valid)"));
+  }
+  for (const std::string& name : health_names_) {
+    server_->GetHealthCheckService()->SetServingStatus(name, true);
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
   return port;

@@ -18,8 +18,10 @@ namespace apapo::coordinator {
 
 class CoordinatorServer {
  public:
-  // `services` must outlive the server.
-  explicit CoordinatorServer(std::vector<grpc::Service*> services);
+  // `services` must outlive the server. `health_names` are the fully
+  // qualified service names the health service reports SERVING (besides "").
+  explicit CoordinatorServer(std::vector<grpc::Service*> services,
+                             std::vector<std::string> health_names = {});
   ~CoordinatorServer();
 
   // Binds `address` ("0.0.0.0:0" picks a free port) and starts serving.
@@ -34,6 +36,7 @@ class CoordinatorServer {
 
  private:
   std::vector<grpc::Service*> services_;
+  std::vector<std::string> health_names_;
   std::unique_ptr<grpc::Server> server_;
 };
 

@@ -36,7 +36,7 @@ class CoordinatorApiTest(unittest.TestCase):
 
     def test_health_serving_overall_and_per_service(self):
         health = health_pb2_grpc.HealthStub(self.channel)
-        for service in ("", "apapo.v1.JobService"):
+        for service in ("", "apapo.v1.JobService", "apapo.v1.WorkerService"):
             r = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             self.assertEqual(r.status, health_pb2.HealthCheckResponse.SERVING, service)
         with self.assertRaises(grpc.RpcError) as e:
@@ -53,6 +53,7 @@ class CoordinatorApiTest(unittest.TestCase):
         responses = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
         names = {s.name for s in responses[0].list_services_response.service}
         self.assertIn("apapo.v1.JobService", names)
+        self.assertIn("apapo.v1.WorkerService", names)
         self.assertIn("grpc.health.v1.Health", names)
         files = responses[1].file_descriptor_response.file_descriptor_proto
         self.assertTrue(files, responses[1])
