@@ -1,0 +1,73 @@
+// WorkerDaemon: the worker side of WorkerService.Connect. It dials the
+// coordinator, registers, heartbeats, and carries out the commands it is
+// sent (profile, assign, start, stop) through a JobRunner, streaming
+// metrics, acknowledgements and stage outcomes back. When the coordinator
+// is away it reconnects with exponential backoff; when the stream breaks it
+// stops the job it was running (the coordinator fails that job).
+//
+// Call order: construct, Run() (blocks) on one thread; Shutdown() from any
+// other thread ends Run().
+// Thread-safety: Run/Shutdown/WaitUntilRegistered as above; internally a
+// heartbeat thread and one thread per command that does work share the
+// stream's writer under a mutex.
+#ifndef APAPO_WORKER_DAEMON_DAEMON_H_
+#define APAPO_WORKER_DAEMON_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/apapo/v1/service.grpc.pb.h"
+#include "worker/daemon/job_runner.h"
+
+namespace apapo::worker {
+
+struct DaemonOptions {
+  // Coordinator address HOST:PORT.
+  std::string coordinator;
+  // What the worker registers as (worker_id must be set).
+  apapo::v1::WorkerInfo info;
+  // Reconnect backoff: doubles from initial to max.
+  absl::Duration initial_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+};
+
+class WorkerDaemon {
+ public:
+  // `runner` must outlive the daemon.
+  WorkerDaemon(DaemonOptions options, JobRunner* runner);
+  ~WorkerDaemon();
+
+  // Connects and serves until Shutdown().
+  void Run();
+  void Shutdown();
+
+  // True once registered on the current connection (tests, logs).
+  bool WaitUntilRegistered(absl::Duration timeout);
+  // Number of successful registrations so far (reconnects count).
+  int registrations();
+  // True once the daemon has registered `n` times (reconnects count).
+  bool WaitForRegistrations(int n, absl::Duration timeout);
+
+ private:
+  class Session;
+  // One connection: returns when the stream ends or on shutdown.
+  void RunSession();
+
+  const DaemonOptions options_;
+  JobRunner* const runner_;
+  absl::Notification shutdown_;
+
+  absl::Mutex mu_;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace apapo::worker
+
+#endif  // APAPO_WORKER_DAEMON_DAEMON_H_

@@ -1,0 +1,155 @@
+// The daemon against a real coordinator WorkerService on loopback, with a
+// fake JobRunner: registration, commands, acks, outcomes, reconnection.
+#include "worker/daemon/daemon.h"
+
+#include <thread>
+
+#include "coordinator/server.h"
+#include "coordinator/worker_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace apapo::worker {
+namespace {
+
+using apapo::v1::WorkerMessage;
+
+class FakeRunner : public JobRunner {
+ public:
+  absl::StatusOr<apapo::v1::ProfileResult> Profile(
+      const apapo::v1::ProfileCommand& command) override {
+    apapo::v1::ProfileResult r;
+    r.mutable_profile()->set_model(command.spec().name());
+    r.mutable_profile()->add_nodes()->set_id("fc1");
+    return r;
+  }
+  absl::StatusOr<int> HostRendezvous(const std::string&) override { return 4242; }
+  absl::Status Train(const apapo::v1::AssignStage& a, const MetricsCallback& report,
+                     apapo::v1::MetricsReport* final_metrics) override {
+    apapo::v1::MetricsReport m;
+    m.set_job_id(a.job_id());
+    m.set_step(1);
+    report(m);
+    absl::MutexLock lock(&mu_);
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopped_;
+    };
+    mu_.Await(absl::Condition(&stopped));
+    final_metrics->set_step(1);
+    return absl::CancelledError("stage " + std::to_string(a.stage()) + " stopped");
+  }
+  void Stop(const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Records worker messages and lets the test wait for one of a kind.
+class Inbox : public coordinator::WorkerMessageListener {
+ public:
+  void OnWorkerMessage(const std::string&, const WorkerMessage& m) override {
+    absl::MutexLock lock(&mu_);
+    messages_.push_back(m);
+  }
+  WorkerMessage WaitFor(WorkerMessage::KindCase kind, int nth = 0) {
+    absl::MutexLock lock(&mu_);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return Count(kind) > nth; };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&has), absl::Seconds(30)))
+        << "no message of kind " << kind;
+    int seen = 0;
+    for (const auto& m : messages_) {
+      if (m.kind_case() == kind && seen++ == nth) return m;
+    }
+    return {};
+  }
+
+ private:
+  int Count(WorkerMessage::KindCase kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int n = 0;
+    for (const auto& m : messages_) n += m.kind_case() == kind;
+    return n;
+  }
+  absl::Mutex mu_;
+  std::vector<WorkerMessage> messages_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Coordinator {
+  explicit Coordinator(const std::string& address) {
+    auto bound = server.Start(address);
+    EXPECT_TRUE(bound.ok()) << bound.status();
+    port = bound.ok() ? *bound : 0;
+  }
+  coordinator::RealClock clock;
+  coordinator::WorkerRegistry registry{&clock, absl::Milliseconds(100)};
+  Inbox inbox;
+  coordinator::WorkerServiceImpl service{&registry, &inbox, absl::Milliseconds(20)};
+  coordinator::CoordinatorServer server{{&service}};
+  int port = 0;
+};
+
+TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
+  auto coord = std::make_unique<Coordinator>("127.0.0.1:0");
+  const int port = coord->port;
+  FakeRunner runner;
+  DaemonOptions options;
+  options.coordinator = "127.0.0.1:" + std::to_string(port);
+  options.info.set_worker_id("w-test");
+  options.initial_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  WorkerDaemon daemon(options, &runner);
+  std::thread run([&] { daemon.Run(); });
+  ASSERT_TRUE(daemon.WaitUntilRegistered(absl::Seconds(30)));
+  ASSERT_EQ(coord->registry.List().size(), 1u);
+
+  apapo::v1::CoordinatorMessage profile;
+  profile.mutable_profile()->set_job_id("job-1");
+  profile.mutable_profile()->mutable_spec()->set_name("m");
+  ASSERT_TRUE(coord->registry.Send("w-test", profile).ok());
+  WorkerMessage result = coord->inbox.WaitFor(WorkerMessage::kProfileResult);
+  EXPECT_EQ(result.profile_result().job_id(), "job-1");
+  EXPECT_EQ(result.profile_result().profile().nodes(0).id(), "fc1");
+
+  apapo::v1::CoordinatorMessage assign;
+  assign.mutable_assign()->set_job_id("job-1");
+  assign.mutable_assign()->set_stage(1);
+  auto assign_id = coord->registry.Send("w-test", assign);
+  WorkerMessage ack = coord->inbox.WaitFor(WorkerMessage::kAck, 1);
+  EXPECT_EQ(ack.ack().command_id(), *assign_id);
+  EXPECT_EQ(ack.ack().code(), 0);
+  EXPECT_EQ(ack.ack().store_port(), 4242);  // hosted the rendezvous
+
+  apapo::v1::CoordinatorMessage start;
+  start.mutable_start()->set_job_id("job-1");
+  ASSERT_TRUE(coord->registry.Send("w-test", start).ok());
+  EXPECT_EQ(coord->inbox.WaitFor(WorkerMessage::kMetrics).metrics().step(), 1);
+  apapo::v1::CoordinatorMessage stop;
+  stop.mutable_stop()->set_job_id("job-1");
+  ASSERT_TRUE(coord->registry.Send("w-test", stop).ok());
+  WorkerMessage outcome = coord->inbox.WaitFor(WorkerMessage::kOutcome);
+  EXPECT_EQ(outcome.outcome().code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(outcome.outcome().message(), "stage 1 stopped");
+
+  // Start for a job never assigned: a FAILED_PRECONDITION ack, no crash.
+  start.mutable_start()->set_job_id("job-2");
+  auto bad = coord->registry.Send("w-test", start);
+  WorkerMessage bad_ack = coord->inbox.WaitFor(WorkerMessage::kAck, 4);
+  EXPECT_EQ(bad_ack.ack().command_id(), *bad);
+  EXPECT_EQ(bad_ack.ack().code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+
+  // The coordinator goes away and comes back on the same port.
+  coord->server.Shutdown();
+  coord.reset();
+  coord = std::make_unique<Coordinator>("127.0.0.1:" + std::to_string(port));
+  ASSERT_EQ(coord->port, port);
+  EXPECT_TRUE(daemon.WaitForRegistrations(2, absl::Seconds(60)));
+  EXPECT_GE(daemon.registrations(), 2);
+
+  daemon.Shutdown();
+  run.join();
+}
+
+}  // namespace
+}  // namespace apapo::worker
