@@ -184,9 +184,14 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
   return chosen;
 }
 
-void WorkerRegistry::Release(const std::string& job_id) {
+void WorkerRegistry::Release(const std::string& job_id,
+                             const std::vector<std::string>& worker_ids) {
   absl::MutexLock lock(&mu_);
   for (auto& [id, e] : workers_) {
+    if (!worker_ids.empty() &&
+        std::find(worker_ids.begin(), worker_ids.end(), id) == worker_ids.end()) {
+      continue;
+    }
     if (e.status.job_id() == job_id &&
         e.status.state() == apapo::v1::WORKER_STATE_BUSY) {
       e.status.set_state(apapo::v1::WORKER_STATE_IDLE);

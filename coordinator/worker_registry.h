@@ -78,8 +78,9 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<std::string>> Reserve(
       const std::string& job_id, int count,
       const std::map<std::string, std::string>& selector);
-  // Returns the job's workers to idle.
-  void Release(const std::string& job_id);
+  // Returns the job's workers (or just `worker_ids` of them) to idle.
+  void Release(const std::string& job_id,
+               const std::vector<std::string>& worker_ids = {});
 
   // Every known worker, in id order.
   std::vector<apapo::v1::WorkerStatus> List();

@@ -11,18 +11,11 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "coordinator/worker_listener.h"
 #include "coordinator/worker_registry.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
 
 namespace apapo::coordinator {
-
-// Receives what workers report. Called on the stream's reader thread.
-class WorkerMessageListener {
- public:
-  virtual ~WorkerMessageListener() = default;
-  virtual void OnWorkerMessage(const std::string& worker_id,
-                               const apapo::v1::WorkerMessage& message) = 0;
-};
 
 class WorkerServiceImpl final : public apapo::v1::WorkerService::Service {
  public:

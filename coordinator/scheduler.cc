@@ -1,0 +1,506 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace apapo::coordinator {
+namespace {
+
+using apapo::v1::JobState;
+
+google::protobuf::Duration ToProtoDuration(absl::Duration d) {
+  return google::protobuf::util::TimeUtil::NanosecondsToDuration(
+      absl::ToInt64Nanoseconds(d));
+}
+
+// The profile the plan is computed from: the first worker's; the others'
+// total compute relative to it gives their relative speed.
+double TotalCompute(const apapo::v1::ModelProfile& p) {
+  double total = 0;
+  for (const auto& n : p.nodes()) total += n.forward_seconds() + n.backward_seconds();
+  return total;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(JobManager* jobs, WorkerRegistry* registry,
+                     Planner* planner, Clock* clock, SchedulerOptions options,
+                     SchedulerObserver* observer)
+    : jobs_(jobs),
+      registry_(registry),
+      planner_(planner),
+      clock_(clock),
+      options_(options),
+      observer_(observer) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  thread_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return dirty_ || stopping_;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&woken), options_.tick);
+        if (stopping_) return;
+        dirty_ = false;
+      }
+      RunOnce();
+    }
+  });
+}
+
+void Scheduler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::Wake() {
+  absl::MutexLock lock(&mu_);
+  dirty_ = true;
+}
+
+void Scheduler::RunOnce() {
+  absl::MutexLock lock(&mu_);
+  CheckDeadlines();
+  PlanReady();
+  AdmitQueued();
+}
+
+void Scheduler::AdmitQueued() {
+  for (const std::string& id : jobs_->QueuedJobs()) {
+    absl::StatusOr<apapo::v1::Job> job = jobs_->Get(id);
+    if (!job.ok() || active_.count(id)) continue;
+    const auto& spec = job->spec();
+    std::map<std::string, std::string> selector(
+        spec.resources().worker_selector().begin(),
+        spec.resources().worker_selector().end());
+    absl::StatusOr<std::vector<std::string>> workers =
+        registry_->Reserve(id, spec.resources().workers(), selector);
+    if (!workers.ok()) {
+      // Still waiting: say so once per distinct situation.
+      std::string note = absl::StrCat("waiting: ", workers.status().message());
+      if (wait_notes_[id] != note) {
+        wait_notes_[id] = note;
+        jobs_->RecordEvent(id, note).IgnoreError();
+      }
+      // Jobs are admitted in order: a later, smaller job may still fit.
+      continue;
+    }
+    wait_notes_.erase(id);
+    ActiveJob& a = active_[id];
+    a.id = id;
+    a.spec = spec;
+    a.workers = *workers;
+    a.phase = Phase::kProfiling;
+    a.deadline = clock_->Now() + options_.profile_timeout;
+    jobs_->SetWorkers(id, a.workers).IgnoreError();
+    absl::Status s = jobs_->Transition(
+        id, apapo::v1::JOB_STATE_PROFILING,
+        absl::StrCat("profiling on ", absl::StrJoin(a.workers, ", ")));
+    if (!s.ok()) {  // cancelled in between
+      registry_->Release(id);
+      active_.erase(id);
+      continue;
+    }
+    for (const std::string& w : a.workers) {
+      apapo::v1::CoordinatorMessage m;
+      m.mutable_profile()->set_job_id(id);
+      *m.mutable_profile()->mutable_spec() = spec;
+      m.mutable_profile()->set_iterations(options_.profile_iterations);
+      if (!registry_->Send(w, m).ok()) {
+        Finish(id, apapo::v1::JOB_STATE_FAILED,
+               absl::StrCat("worker ", w, " disconnected before profiling"),
+               absl::StatusCode::kUnavailable, /*stop_workers=*/true);
+        break;
+      }
+    }
+  }
+}
+
+void Scheduler::PlanReady() {
+  std::vector<std::string> ready;
+  for (auto& [id, a] : active_) {
+    if (a.phase == Phase::kProfiling && a.plan_ready) ready.push_back(id);
+  }
+  for (const std::string& id : ready) Plan(active_[id]);
+}
+
+void Scheduler::Plan(ActiveJob& a) {
+  a.phase = Phase::kPlanning;
+  const std::string id = a.id;
+  if (!jobs_->Transition(id, apapo::v1::JOB_STATE_PLANNING,
+                         "profiles in; planning").ok()) {
+    return;
+  }
+  // Cluster: reserved workers in order, speed relative to the first.
+  const apapo::v1::ModelProfile& profile = a.profiles[a.workers[0]].profile();
+  double reference = TotalCompute(profile);
+  apapo::v1::ClusterSpec cluster;
+  double bandwidth = 0;
+  for (const std::string& w : a.workers) {
+    const apapo::v1::ProfileResult& r = a.profiles[w];
+    apapo::v1::WorkerResources* res = cluster.add_workers();
+    *res = r.resources();
+    res->set_worker_id(w);
+    double mine = TotalCompute(r.profile());
+    if (res->relative_speed() <= 0) {
+      res->set_relative_speed(mine > 0 && reference > 0 ? reference / mine : 1.0);
+    }
+    if (a.spec.resources().memory_per_worker_bytes() > 0) {
+      res->set_memory_bytes(a.spec.resources().memory_per_worker_bytes());
+    }
+    for (const auto& link : r.links()) {
+      *cluster.add_links() = link;
+      double bw = link.bandwidth_bytes_per_second();
+      if (bw > 0) bandwidth = bandwidth == 0 ? bw : std::min(bandwidth, bw);
+    }
+  }
+  apapo::v1::NetworkLevel* level = cluster.add_levels();
+  level->set_group_size(static_cast<int>(a.workers.size()));
+  level->set_bandwidth_bytes_per_second(bandwidth > 0 ? bandwidth : 1e9);
+
+  absl::StatusOr<apapo::v1::Plan> plan = planner_->MakePlan(a.spec, profile, cluster);
+  if (!plan.ok()) {
+    Finish(id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat("planning failed: ", plan.status().message()),
+           plan.status().code(), /*stop_workers=*/false);
+    return;
+  }
+  // Ranks, stage-major; any replica without a placement gets a free worker.
+  std::set<std::string> used;
+  for (const auto& st : plan->stages()) {
+    for (const auto& p : st.placement()) used.insert(p.worker_id());
+  }
+  std::vector<std::string> spare;
+  for (const auto& w : a.workers) {
+    if (!used.count(w)) spare.push_back(w);
+  }
+  a.ranks.clear();
+  for (auto& st : *plan->mutable_stages()) {
+    while (st.placement_size() < std::max(1, st.replicas())) {
+      if (spare.empty()) {
+        Finish(id, apapo::v1::JOB_STATE_FAILED,
+               "planning failed: the plan needs more workers than reserved",
+               absl::StatusCode::kInternal, false);
+        return;
+      }
+      st.add_placement()->set_worker_id(spare.back());
+      spare.pop_back();
+    }
+    for (int r = 0; r < st.placement_size(); ++r) {
+      st.mutable_placement(r)->set_rank(static_cast<int>(a.ranks.size()));
+      a.ranks.push_back({st.placement(r).worker_id(), st.index(), r,
+                         static_cast<int>(a.ranks.size())});
+    }
+  }
+  a.plan = *plan;
+  apapo::v1::GetPlanResponse stored;
+  *stored.mutable_plan() = a.plan;
+  *stored.mutable_profile() = profile;
+  *stored.mutable_cluster() = cluster;
+  jobs_->SetPlan(id, stored).IgnoreError();
+  jobs_->RecordEvent(
+           id, absl::StrFormat("planned %d stage(s) on %d worker(s): predicted "
+                               "%.1f samples/s",
+                               a.plan.stages_size(), a.ranks.size(),
+                               a.plan.prediction().samples_per_second()))
+      .IgnoreError();
+  // Workers the plan leaves out go back to the pool.
+  if (!spare.empty()) {
+    registry_->Release(id, spare);
+    a.workers.erase(std::remove_if(a.workers.begin(), a.workers.end(),
+                                   [&](const std::string& w) {
+                                     return std::count(spare.begin(), spare.end(), w) > 0;
+                                   }),
+                    a.workers.end());
+    jobs_->SetWorkers(id, a.workers).IgnoreError();
+    jobs_->RecordEvent(id, absl::StrCat("plan leaves ", absl::StrJoin(spare, ", "),
+                                        " unused; released"))
+        .IgnoreError();
+  }
+
+  // The rank-0 worker hosts the store; it is assigned first.
+  std::string host;
+  for (const auto& w : registry_->List()) {
+    if (w.info().worker_id() == a.ranks[0].worker_id) host = w.info().host();
+  }
+  a.rendezvous.set_store_host(host.empty() ? "127.0.0.1" : host);
+  a.rendezvous.set_store_port(0);
+  a.rendezvous.set_prefix(id);
+  a.rendezvous.set_world_size(static_cast<int>(a.ranks.size()));
+  *a.rendezvous.mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
+  a.rendezvous.set_backend(a.spec.resources().device() == "cuda" ? "nccl" : "gloo");
+  a.phase = Phase::kAssigning;
+  a.deadline = clock_->Now() + options_.assign_timeout;
+  AssignRank(a, a.ranks[0]);
+}
+
+void Scheduler::AssignRank(ActiveJob& a, const Rank& rank) {
+  apapo::v1::CoordinatorMessage m;
+  auto* assign = m.mutable_assign();
+  assign->set_job_id(a.id);
+  *assign->mutable_spec() = a.spec;
+  *assign->mutable_plan() = a.plan;
+  assign->set_stage(rank.stage);
+  assign->set_replica(rank.replica);
+  *assign->mutable_rendezvous() = a.rendezvous;
+  assign->mutable_rendezvous()->set_rank(rank.rank);
+  absl::StatusOr<int64_t> id = registry_->Send(rank.worker_id, m);
+  if (!id.ok()) {
+    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat("worker ", rank.worker_id, " disconnected before its assignment"),
+           absl::StatusCode::kUnavailable, true);
+    return;
+  }
+  a.pending_assign[*id] = rank.worker_id;
+}
+
+void Scheduler::OnWorkerMessage(const std::string& worker_id,
+                                const apapo::v1::WorkerMessage& message) {
+  absl::MutexLock lock(&mu_);
+  switch (message.kind_case()) {
+    case apapo::v1::WorkerMessage::kProfileResult: {
+      ActiveJob* a = FindByWorker(worker_id, message.profile_result().job_id());
+      if (a == nullptr || a->phase != Phase::kProfiling) return;
+      a->profiles[worker_id] = message.profile_result();
+      if (a->profiles.size() == a->workers.size()) {
+        a->plan_ready = true;
+        dirty_ = true;
+      }
+      return;
+    }
+    case apapo::v1::WorkerMessage::kAck: {
+      ActiveJob* a = FindByWorker(worker_id, "");
+      if (a != nullptr) OnAck(*a, worker_id, message.ack());
+      return;
+    }
+    case apapo::v1::WorkerMessage::kMetrics: {
+      ActiveJob* a = FindByWorker(worker_id, message.metrics().job_id());
+      if (a != nullptr) OnMetrics(*a, worker_id, message.metrics());
+      return;
+    }
+    case apapo::v1::WorkerMessage::kOutcome: {
+      ActiveJob* a = FindByWorker(worker_id, message.outcome().job_id());
+      if (a != nullptr) OnOutcome(*a, worker_id, message.outcome());
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
+                      const apapo::v1::CommandAck& ack) {
+  if (ack.code() != 0) {
+    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat("worker ", worker_id, ": ", ack.message()),
+           static_cast<absl::StatusCode>(ack.code()), true);
+    return;
+  }
+  auto it = a.pending_assign.find(ack.command_id());
+  if (it == a.pending_assign.end()) return;  // acks of profile/start/stop
+  a.pending_assign.erase(it);
+  a.assigned.insert(worker_id);
+  if (a.rendezvous.store_port() == 0) {
+    if (ack.store_port() <= 0) {
+      Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+             absl::StrCat("worker ", worker_id,
+                          " did not report its rendezvous port"),
+             absl::StatusCode::kInternal, true);
+      return;
+    }
+    a.rendezvous.set_store_port(ack.store_port());
+    for (size_t r = 1; r < a.ranks.size(); ++r) AssignRank(a, a.ranks[r]);
+    if (!active_.count(a.id)) return;
+  }
+  if (a.assigned.size() == a.ranks.size() && a.pending_assign.empty()) {
+    for (const Rank& r : a.ranks) {
+      apapo::v1::CoordinatorMessage m;
+      m.mutable_start()->set_job_id(a.id);
+      registry_->Send(r.worker_id, m).IgnoreError();
+    }
+    a.phase = Phase::kRunning;
+    jobs_->Transition(a.id, apapo::v1::JOB_STATE_RUNNING,
+                      absl::StrCat("training on ", a.ranks.size(),
+                                   " rank(s), rendezvous ",
+                                   a.rendezvous.store_host(), ":",
+                                   a.rendezvous.store_port()))
+        .IgnoreError();
+  }
+}
+
+void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
+                          const apapo::v1::MetricsReport& report) {
+  if (observer_ != nullptr) observer_->OnMetrics(a.id, report);
+  a.latest[worker_id] = report;
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
+  if (!job.ok()) return;
+  apapo::v1::JobProgress progress = job->progress();
+  progress.clear_stages();
+  const int last_stage = a.plan.stages_size() - 1;
+  double last_stage_sps = 0;
+  int32_t max_staleness = 0;
+  for (const auto& [w, r] : a.latest) {
+    const auto& s = r.stage();
+    apapo::v1::StageProgress* sp = progress.add_stages();
+    sp->set_stage(s.stage());
+    sp->set_worker_id(w);
+    sp->set_busy_seconds(s.busy_seconds());
+    sp->set_idle_seconds(s.idle_seconds());
+    sp->set_comm_seconds(s.comm_exposed_seconds());
+    sp->set_comm_hidden_fraction(
+        s.comm_total_seconds() > 0
+            ? std::clamp(1.0 - s.comm_exposed_seconds() / s.comm_total_seconds(), 0.0, 1.0)
+            : 0.0);
+    sp->set_max_staleness(s.max_staleness());
+    sp->set_peak_memory_bytes(s.peak_memory_bytes());
+    sp->set_bytes_sent(s.bytes_sent());
+    max_staleness = std::max(max_staleness, s.max_staleness());
+    if (s.stage() == last_stage) {
+      last_stage_sps += r.samples_per_second();
+      progress.set_step(std::max(progress.step(), r.step()));
+      progress.set_epoch(std::max(progress.epoch(), r.epoch()));
+      if (r.total_steps() > 0) progress.set_total_steps(r.total_steps());
+      if (r.has_loss()) progress.set_loss(r.loss());
+      if (r.has_test_accuracy()) progress.set_test_accuracy(r.test_accuracy());
+    }
+  }
+  if (last_stage_sps > 0) progress.set_samples_per_second(last_stage_sps);
+  progress.set_max_staleness(max_staleness);
+  int batch = std::max(1, a.spec.data().batch_size());
+  if (progress.samples_per_second() > 0 && progress.total_steps() > progress.step()) {
+    double steps_per_second = progress.samples_per_second() / batch;
+    *progress.mutable_eta() = ToProtoDuration(absl::Seconds(
+        (progress.total_steps() - progress.step()) / steps_per_second));
+  }
+  jobs_->UpdateProgress(a.id, progress).IgnoreError();
+}
+
+void Scheduler::OnOutcome(ActiveJob& a, const std::string& worker_id,
+                          const apapo::v1::StageOutcome& outcome) {
+  a.outcomes[worker_id] = outcome;
+  if (outcome.final_metrics().job_id() == a.id) {
+    OnMetrics(a, worker_id, outcome.final_metrics());
+  }
+  if (outcome.code() != 0) {
+    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat("stage ", outcome.stage(), " on ", worker_id, ": ",
+                        outcome.message()),
+           static_cast<absl::StatusCode>(outcome.code()), true);
+    return;
+  }
+  if (a.outcomes.size() == a.ranks.size()) {
+    absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
+    std::string summary = "finished";
+    if (job.ok() && job->progress().has_test_accuracy()) {
+      summary = absl::StrFormat("finished: test accuracy %.2f%%, %.1f samples/s",
+                                100 * job->progress().test_accuracy(),
+                                job->progress().samples_per_second());
+    }
+    Finish(a.id, apapo::v1::JOB_STATE_SUCCEEDED, summary, absl::StatusCode::kOk,
+           false);
+  }
+}
+
+void Scheduler::OnWorkerLost(const std::string& worker_id,
+                             const std::string& job_id,
+                             const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  dirty_ = true;
+  if (job_id.empty() || !active_.count(job_id)) return;
+  Finish(job_id, apapo::v1::JOB_STATE_FAILED,
+         absl::StrCat("worker ", worker_id, " lost: ", reason),
+         absl::StatusCode::kUnavailable, true);
+}
+
+void Scheduler::OnCancelled(const apapo::v1::Job& job) {
+  absl::MutexLock lock(&mu_);
+  dirty_ = true;
+  wait_notes_.erase(job.id());
+  auto it = active_.find(job.id());
+  if (it == active_.end()) return;
+  for (const std::string& w : it->second.workers) {
+    apapo::v1::CoordinatorMessage m;
+    m.mutable_stop()->set_job_id(job.id());
+    m.mutable_stop()->set_reason("cancelled");
+    registry_->Send(w, m).IgnoreError();
+  }
+  registry_->Release(job.id());
+  active_.erase(it);
+}
+
+void Scheduler::CheckDeadlines() {
+  absl::Time now = clock_->Now();
+  std::vector<std::string> late;
+  for (const auto& [id, a] : active_) {
+    if (a.phase != Phase::kRunning && now > a.deadline) late.push_back(id);
+  }
+  for (const std::string& id : late) {
+    const ActiveJob& a = active_[id];
+    std::vector<std::string> missing;
+    if (a.phase == Phase::kProfiling) {
+      for (const auto& w : a.workers) {
+        if (!a.profiles.count(w)) missing.push_back(w);
+      }
+    } else {
+      for (const auto& [cmd, w] : a.pending_assign) missing.push_back(w);
+    }
+    Finish(id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat(a.phase == Phase::kProfiling ? "profiling" : "assignment",
+                        " did not finish in time; waiting on ",
+                        missing.empty() ? "nothing" : absl::StrJoin(missing, ", ")),
+           absl::StatusCode::kDeadlineExceeded, true);
+  }
+}
+
+void Scheduler::Finish(const std::string& job_id, JobState state,
+                       const std::string& message, absl::StatusCode code,
+                       bool stop_workers) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return;
+  if (stop_workers) {
+    for (const std::string& w : it->second.workers) {
+      apapo::v1::CoordinatorMessage m;
+      m.mutable_stop()->set_job_id(job_id);
+      m.mutable_stop()->set_reason(message);
+      registry_->Send(w, m).IgnoreError();
+    }
+  }
+  registry_->Release(job_id);
+  active_.erase(it);
+  dirty_ = true;
+  absl::Status s = jobs_->Transition(job_id, state, message, code);
+  if (!s.ok()) {
+    std::cerr << "apapo-coordinator: " << job_id << ": " << s.message() << "\n";
+  }
+}
+
+Scheduler::ActiveJob* Scheduler::FindByWorker(const std::string& worker_id,
+                                              const std::string& job_id) {
+  if (!job_id.empty()) {
+    auto it = active_.find(job_id);
+    if (it == active_.end()) return nullptr;
+    const auto& ws = it->second.workers;
+    return std::find(ws.begin(), ws.end(), worker_id) != ws.end() ? &it->second
+                                                                   : nullptr;
+  }
+  for (auto& [id, a] : active_) {
+    if (std::find(a.workers.begin(), a.workers.end(), worker_id) != a.workers.end()) {
+      return &a;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace apapo::coordinator

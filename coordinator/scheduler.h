@@ -1,0 +1,156 @@
+// Scheduler: drives each job through its life on the registered workers.
+//
+//   QUEUED     waits until Reserve() finds enough idle matching workers
+//   PROFILING  every reserved worker profiles the model (ProfileCommand)
+//   PLANNING   the Planner turns profile + cluster into a Plan; the rank
+//              hosting the c10d TCPStore is assigned first (port 0), reports
+//              the bound port in its ack, then every other rank is assigned
+//   RUNNING    once every rank acknowledged its assignment, all are started;
+//              metrics reports become the job's progress
+//   SUCCEEDED  every stage reported a normal outcome
+//   FAILED     a stage failed, a command was refused, a worker was lost or a
+//              phase passed its deadline: the others are stopped and every
+//              worker is released, never left hung
+//   CANCELLED  (JobManager::Cancel) the stages are stopped, workers released
+//
+// Events come from the workers' streams (OnWorkerMessage), the registry
+// (OnWorkerLost) and the JobManager (OnCancelled); they only update state
+// under mu_ and send non-blocking commands. Queue scans, planning and
+// deadlines run on the scheduler's own thread (Start/Stop).
+//
+// Thread-safety: all public methods are thread-safe. Lock order: mu_ before
+// the JobManager's and the registry's locks; neither calls back into the
+// scheduler while holding its own.
+#ifndef APAPO_COORDINATOR_SCHEDULER_H_
+#define APAPO_COORDINATOR_SCHEDULER_H_
+
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/planner.h"
+#include "coordinator/worker_registry.h"
+#include "coordinator/worker_listener.h"
+
+namespace apapo::coordinator {
+
+struct SchedulerOptions {
+  // Deadline of the profiling phase and of the assignment phase.
+  absl::Duration profile_timeout = absl::Minutes(5);
+  absl::Duration assign_timeout = absl::Minutes(2);
+  // Timeout of every blocking transfer on the workers (Rendezvous.timeout).
+  absl::Duration transfer_timeout = absl::Seconds(60);
+  // Forward/backward repetitions per layer when profiling.
+  int profile_iterations = 3;
+  // How often the scheduler's thread re-checks the queue and deadlines
+  // when nothing wakes it.
+  absl::Duration tick = absl::Milliseconds(200);
+};
+
+// Observes what the scheduler sees, for metrics export.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  virtual void OnMetrics(const std::string& job_id,
+                         const apapo::v1::MetricsReport& report) = 0;
+};
+
+class Scheduler : public WorkerMessageListener {
+ public:
+  // All pointers must outlive the scheduler; `observer` may be null.
+  Scheduler(JobManager* jobs, WorkerRegistry* registry, Planner* planner,
+            Clock* clock, SchedulerOptions options,
+            SchedulerObserver* observer = nullptr);
+  ~Scheduler() override;
+
+  // Starts / stops the scheduler's thread.
+  void Start();
+  void Stop();
+
+  // Something changed (a job was submitted, a worker registered).
+  void Wake();
+
+  void OnWorkerMessage(const std::string& worker_id,
+                       const apapo::v1::WorkerMessage& message) override;
+  void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
+                    const std::string& reason);
+  void OnCancelled(const apapo::v1::Job& job);
+
+  // Runs one pass of queue admission, planning and deadline checks (the
+  // thread's body; tests call it directly).
+  void RunOnce();
+
+ private:
+  enum class Phase { kProfiling, kPlanning, kAssigning, kRunning };
+  struct Rank {
+    std::string worker_id;
+    int stage = 0;
+    int replica = 0;
+    int rank = 0;
+  };
+  struct ActiveJob {
+    std::string id;
+    apapo::v1::JobSpec spec;
+    Phase phase = Phase::kProfiling;
+    std::vector<std::string> workers;  // reserved, in registry order
+    absl::Time deadline;
+    std::map<std::string, apapo::v1::ProfileResult> profiles;
+    bool plan_ready = false;  // all profiles in; the thread plans
+    apapo::v1::Plan plan;
+    std::vector<Rank> ranks;
+    std::map<int64_t, std::string> pending_assign;  // command id -> worker
+    std::set<std::string> assigned;
+    apapo::v1::Rendezvous rendezvous;
+    std::map<std::string, apapo::v1::MetricsReport> latest;  // per worker
+    std::map<std::string, apapo::v1::StageOutcome> outcomes;
+  };
+
+  void AdmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlanReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Plan(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AssignRank(ActiveJob& job, const Rank& rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAck(ActiveJob& job, const std::string& worker_id,
+             const apapo::v1::CommandAck& ack) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnMetrics(ActiveJob& job, const std::string& worker_id,
+                 const apapo::v1::MetricsReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnOutcome(ActiveJob& job, const std::string& worker_id,
+                 const apapo::v1::StageOutcome& outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job: stops its stages (unless `already_stopped`), releases
+  // workers, records the final state, forgets it.
+  void Finish(const std::string& job_id, apapo::v1::JobState state,
+              const std::string& message, absl::StatusCode code,
+              bool stop_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ActiveJob* FindByWorker(const std::string& worker_id,
+                          const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  JobManager* const jobs_;
+  WorkerRegistry* const registry_;
+  Planner* const planner_;
+  Clock* const clock_;
+  const SchedulerOptions options_;
+  SchedulerObserver* const observer_;
+
+  absl::Mutex mu_;
+  std::map<std::string, ActiveJob> active_ ABSL_GUARDED_BY(mu_);
+  bool dirty_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Last "waiting for workers" note per queued job (recorded once each).
+  std::map<std::string, std::string> wait_notes_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace apapo::coordinator
+
+#endif  // APAPO_COORDINATOR_SCHEDULER_H_

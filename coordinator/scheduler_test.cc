@@ -1,0 +1,281 @@
+#include "coordinator/scheduler.h"
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace apapo::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using apapo::v1::CoordinatorMessage;
+using apapo::v1::WorkerMessage;
+
+// Two stages, one replica each, on the first two workers of the cluster.
+class FakePlanner : public Planner {
+ public:
+  absl::StatusOr<apapo::v1::Plan> MakePlan(
+      const apapo::v1::JobSpec&, const apapo::v1::ModelProfile& profile,
+      const apapo::v1::ClusterSpec& cluster) override {
+    seen_cluster = cluster;
+    if (!error.ok()) return error;
+    apapo::v1::Plan plan;
+    plan.set_model(profile.model());
+    for (int s = 0; s < 2; ++s) {
+      auto* st = plan.add_stages();
+      st->set_index(s);
+      st->set_replicas(1);
+      st->add_node_ids(s == 0 ? "fc1" : "fc2");
+      st->add_placement()->set_worker_id(cluster.workers(s).worker_id());
+    }
+    plan.mutable_prediction()->set_samples_per_second(100);
+    return plan;
+  }
+  absl::Status error;
+  apapo::v1::ClusterSpec seen_cluster;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerTest() {
+    jobs_.SetCancelHook([this](const apapo::v1::Job& j) { scheduler_.OnCancelled(j); });
+    registry_.SetLostHook([this](const std::string& w, const std::string& j,
+                                 const std::string& r) {
+      scheduler_.OnWorkerLost(w, j, r);
+    });
+  }
+
+  int64_t AddWorker(const std::string& id) {
+    apapo::v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_host("127.0.0.1");
+    auto session = registry_.Register(info);
+    EXPECT_TRUE(session.ok());
+    sessions_[id] = *session;
+    return *session;
+  }
+
+  // The next command queued for `worker` (must exist now).
+  CoordinatorMessage Next(const std::string& worker) {
+    auto m = registry_.NextCommand(worker, sessions_[worker], absl::InfinitePast());
+    EXPECT_TRUE(m.has_value()) << "no command for " << worker;
+    return m.value_or(CoordinatorMessage());
+  }
+  bool HasCommand(const std::string& worker) {
+    auto m = registry_.NextCommand(worker, sessions_[worker], absl::InfinitePast());
+    return m.has_value();
+  }
+
+  std::string Submit(int workers) {
+    apapo::v1::JobSpec spec;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        R"pb(name: "s" model { builtin { name: "mlp" } }
+             data { fashion_mnist {} batch_size: 100 }
+             optimizer { sgd {} learning_rate: 0.1 }
+             limits { epochs: 1 })pb",
+        &spec));
+    spec.mutable_resources()->set_workers(workers);
+    auto job = jobs_.Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job->id();
+  }
+
+  void Ack(const std::string& worker, int64_t command, int port = 0, int code = 0) {
+    WorkerMessage m;
+    m.mutable_ack()->set_command_id(command);
+    m.mutable_ack()->set_store_port(port);
+    m.mutable_ack()->set_code(code);
+    m.mutable_ack()->set_message(code ? "boom" : "");
+    scheduler_.OnWorkerMessage(worker, m);
+  }
+
+  void Profile(const std::string& worker, const std::string& job, double seconds) {
+    WorkerMessage m;
+    m.mutable_profile_result()->set_job_id(job);
+    auto* n = m.mutable_profile_result()->mutable_profile()->add_nodes();
+    n->set_id("fc1");
+    n->set_forward_seconds(seconds);
+    m.mutable_profile_result()->mutable_profile()->set_model("mlp");
+    scheduler_.OnWorkerMessage(worker, m);
+  }
+
+  // Drives a job on w-1, w-2 to RUNNING.
+  std::string StartRunningJob() {
+    AddWorker("w-1");
+    AddWorker("w-2");
+    std::string id = Submit(2);
+    scheduler_.RunOnce();
+    EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+    EXPECT_TRUE(Next("w-1").has_profile());
+    EXPECT_TRUE(Next("w-2").has_profile());
+    Profile("w-1", id, 1.0);
+    Profile("w-2", id, 2.0);
+    scheduler_.RunOnce();
+    EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+    CoordinatorMessage a0 = Next("w-1");
+    EXPECT_EQ(a0.assign().rendezvous().store_port(), 0);
+    EXPECT_EQ(a0.assign().rendezvous().rank(), 0);
+    EXPECT_EQ(a0.assign().rendezvous().world_size(), 2);
+    EXPECT_FALSE(HasCommand("w-2"));  // waits for the store port
+    Ack("w-1", a0.command_id(), 5555);
+    CoordinatorMessage a1 = Next("w-2");
+    EXPECT_EQ(a1.assign().rendezvous().store_port(), 5555);
+    EXPECT_EQ(a1.assign().rendezvous().rank(), 1);
+    EXPECT_EQ(a1.assign().stage(), 1);
+    Ack("w-2", a1.command_id());
+    EXPECT_TRUE(Next("w-1").has_start());
+    EXPECT_TRUE(Next("w-2").has_start());
+    EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+    return id;
+  }
+
+  MemoryJobStore store_;
+  FakeClock clock_;
+  JobManager jobs_{&store_, &clock_};
+  WorkerRegistry registry_{&clock_, absl::Seconds(1)};
+  FakePlanner planner_;
+  Scheduler scheduler_{&jobs_, &registry_, &planner_, &clock_, SchedulerOptions()};
+  std::map<std::string, int64_t> sessions_;
+};
+
+TEST_F(SchedulerTest, FullLifecycleToSucceededWithProgress) {
+  std::string id = StartRunningJob();
+  // Relative speed from the profiles: w-2 took twice as long.
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.5);
+  EXPECT_EQ(jobs_.GetPlan(id)->plan().stages(1).placement(0).rank(), 1);
+
+  WorkerMessage metrics;
+  auto* r = metrics.mutable_metrics();
+  r->set_job_id(id);
+  r->set_step(300);
+  r->set_total_steps(600);
+  r->set_epoch(1);
+  r->set_samples_per_second(1000);
+  r->set_has_loss(true);
+  r->set_loss(0.4);
+  r->set_test_accuracy(0.87);
+  r->mutable_stage()->set_stage(1);
+  r->mutable_stage()->set_busy_seconds(10);
+  r->mutable_stage()->set_comm_total_seconds(2);
+  r->mutable_stage()->set_comm_exposed_seconds(0.5);
+  r->mutable_stage()->set_max_staleness(1);
+  scheduler_.OnWorkerMessage("w-2", metrics);
+  auto p = jobs_.Get(id)->progress();
+  EXPECT_EQ(p.step(), 300);
+  EXPECT_DOUBLE_EQ(p.loss(), 0.4);
+  EXPECT_DOUBLE_EQ(p.test_accuracy(), 0.87);
+  EXPECT_EQ(p.eta().seconds(), 30);  // 300 steps at 10 steps/s
+  ASSERT_EQ(p.stages_size(), 1);
+  EXPECT_DOUBLE_EQ(p.stages(0).comm_hidden_fraction(), 0.75);
+
+  for (const char* w : {"w-1", "w-2"}) {
+    WorkerMessage done;
+    done.mutable_outcome()->set_job_id(id);
+    scheduler_.OnWorkerMessage(w, done);
+  }
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("test accuracy 87.00%"));
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+}
+
+TEST_F(SchedulerTest, WaitsForWorkersThenRunsWhenOneJoins) {
+  AddWorker("w-1");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_QUEUED);
+  auto events = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events;
+  ASSERT_EQ(events.size(), 2u);  // submitted + one "waiting" note, not one per pass
+  EXPECT_THAT(events[1].message(), HasSubstr("needs 2 idle worker(s), 1 available"));
+  AddWorker("w-2");
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+}
+
+TEST_F(SchedulerTest, LostWorkerFailsTheJobNamingItAndFreesTheOthers) {
+  std::string id = StartRunningJob();
+  registry_.Disconnect("w-2", sessions_["w-2"], "stream closed");
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "worker w-2 lost: stream closed");
+  EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(Next("w-1").has_stop());
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+}
+
+TEST_F(SchedulerTest, StageFailureStopsEveryStage) {
+  std::string id = StartRunningJob();
+  WorkerMessage failed;
+  failed.mutable_outcome()->set_job_id(id);
+  failed.mutable_outcome()->set_stage(0);
+  failed.mutable_outcome()->set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  failed.mutable_outcome()->set_message("recv from rank 1 timed out after 60s");
+  scheduler_.OnWorkerMessage("w-1", failed);
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "stage 0 on w-1: recv from rank 1 timed out after 60s");
+  EXPECT_TRUE(Next("w-2").has_stop());
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+}
+
+TEST_F(SchedulerTest, CancelStopsStagesAndFreesWorkers) {
+  std::string id = StartRunningJob();
+  ASSERT_TRUE(jobs_.Cancel(id, "user").ok());
+  EXPECT_TRUE(Next("w-1").has_stop());
+  EXPECT_TRUE(Next("w-2").has_stop());
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+  // Late messages of the cancelled job are ignored.
+  WorkerMessage done;
+  done.mutable_outcome()->set_job_id(id);
+  scheduler_.OnWorkerMessage("w-1", done);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(SchedulerTest, ProfilingDeadlineFailsNamingTheSilentWorker) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  Profile("w-1", id, 1.0);
+  clock_.Advance(SchedulerOptions().profile_timeout + absl::Seconds(1));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job->error(), HasSubstr("profiling did not finish in time; waiting on w-2"));
+  EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_F(SchedulerTest, PlannerErrorFailsTheJobWithItsReason) {
+  planner_.error = absl::ResourceExhaustedError("stage 0 needs 3 GiB, workers have 1 GiB");
+  AddWorker("w-1");
+  std::string id = Submit(1);
+  scheduler_.RunOnce();
+  Profile("w-1", id, 1.0);
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "planning failed: stage 0 needs 3 GiB, workers have 1 GiB");
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+}
+
+TEST_F(SchedulerTest, RefusedAssignmentFailsTheJob) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 1.0);
+  scheduler_.RunOnce();
+  Next("w-1");
+  Next("w-2");
+  CoordinatorMessage a0 = Next("w-1");
+  Ack("w-1", a0.command_id(), 0, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "worker w-1: boom");
+}
+
+}  // namespace
+}  // namespace apapo::coordinator
