@@ -275,6 +275,13 @@ std::vector<std::string> JobManager::QueuedJobs() {
   return out;
 }
 
+std::map<JobState, int> JobManager::CountByState() {
+  absl::MutexLock lock(&mu_);
+  std::map<JobState, int> counts;
+  for (const auto& [id, entry] : jobs_) ++counts[entry.job.state()];
+  return counts;
+}
+
 void JobManager::SetCancelHook(std::function<void(const Job&)> hook) {
   absl::MutexLock lock(&mu_);
   cancel_hook_ = std::move(hook);

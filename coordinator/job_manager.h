@@ -96,6 +96,9 @@ class JobManager {
   // Ids of queued jobs, oldest first.
   std::vector<std::string> QueuedJobs();
 
+  // Number of jobs in each state (for metrics).
+  std::map<apapo::v1::JobState, int> CountByState();
+
   // Called (outside the lock) after a job is cancelled.
   void SetCancelHook(std::function<void(const apapo::v1::Job&)> hook);
 

@@ -15,6 +15,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*,
                                        apapo::v1::SubmitJobResponse* response) {
   absl::StatusOr<apapo::v1::Job> job = jobs_->Submit(request->spec());
   if (!job.ok()) return ToGrpcStatus(job.status());
+  if (on_submitted_) on_submitted_(*job);
   *response->mutable_job() = std::move(*job);
   return grpc::Status::OK;
 }

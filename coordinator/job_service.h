@@ -6,6 +6,8 @@
 #ifndef APAPO_COORDINATOR_JOB_SERVICE_H_
 #define APAPO_COORDINATOR_JOB_SERVICE_H_
 
+#include <functional>
+
 #include "absl/time/time.h"
 #include "coordinator/job_manager.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
@@ -18,6 +20,11 @@ class JobServiceImpl final : public apapo::v1::JobService::Service {
   // cancellation every `watch_poll`.
   explicit JobServiceImpl(JobManager* jobs,
                           absl::Duration watch_poll = absl::Milliseconds(250));
+
+  // Called after every accepted submission (wakes the scheduler, counts).
+  void SetSubmitHook(std::function<void(const apapo::v1::Job&)> hook) {
+    on_submitted_ = std::move(hook);
+  }
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const apapo::v1::SubmitJobRequest* request,
@@ -41,6 +48,7 @@ class JobServiceImpl final : public apapo::v1::JobService::Service {
  private:
   JobManager* const jobs_;
   const absl::Duration watch_poll_;
+  std::function<void(const apapo::v1::Job&)> on_submitted_;
 };
 
 }  // namespace apapo::coordinator

@@ -18,7 +18,12 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
+#include "coordinator/metrics.h"
+#include "coordinator/partitioner_planner.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/server.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
 #include "coordinator/worker_registry.h"
 #include "coordinator/worker_service.h"
 #include "absl/synchronization/notification.h"
@@ -34,6 +39,13 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(2),
           "How often workers heartbeat; a worker silent for 3 intervals is "
           "marked lost.");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Port of the Prometheus /metrics endpoint; 0 picks a free port "
+          "(printed on start); -1 disables it.");
+ABSL_FLAG(absl::Duration, profile_timeout, absl::Minutes(5),
+          "A job whose workers have not all profiled by then fails.");
+ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60),
+          "Timeout of every blocking transfer between stages.");
 ABSL_FLAG(std::string, state, "",
           "State database path (SQLite); default DATA_DIR/coordinator.db; "
           "':memory:' keeps nothing across restarts.");
@@ -92,9 +104,48 @@ int Run() {
   }
   apapo::coordinator::WorkerRegistry registry(
       &clock, absl::GetFlag(FLAGS_heartbeat_interval));
+  // Metrics: families in a registry served on --metrics_port.
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  apapo::coordinator::CoordinatorMetrics metrics(metrics_registry.get(), &jobs,
+                                                 &registry, &clock);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (int mport = absl::GetFlag(FLAGS_metrics_port); mport >= 0) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(
+          absl::StrCat(absl::GetFlag(FLAGS_host), ":", mport));
+    } catch (const std::exception& e) {
+      std::cerr << "apapo-coordinator: cannot serve metrics on port " << mport
+                << ": " << e.what() << "\n";
+      return kExitUnavailable;
+    }
+    exposer->RegisterCollectable(metrics_registry);
+    exposer->RegisterCollectable(metrics.state_collectable());
+  }
+
+  apapo::coordinator::PartitionerPlanner planner;
+  apapo::coordinator::SchedulerOptions scheduler_options;
+  scheduler_options.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
+  scheduler_options.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);
+  apapo::coordinator::Scheduler scheduler(&jobs, &registry, &planner, &clock,
+                                          scheduler_options, &metrics);
+  jobs.SetCancelHook(
+      [&](const apapo::v1::Job& job) { scheduler.OnCancelled(job); });
+  registry.SetLostHook([&](const std::string& worker, const std::string& job,
+                           const std::string& reason) {
+    metrics.OnWorkerLost(worker);
+    scheduler.OnWorkerLost(worker, job, reason);
+  });
+
   apapo::coordinator::JobServiceImpl job_service(&jobs);
-  apapo::coordinator::WorkerServiceImpl worker_service(&registry,
-                                                       /*listener=*/nullptr);
+  job_service.SetSubmitHook([&](const apapo::v1::Job&) {
+    metrics.OnJobSubmitted();
+    scheduler.Wake();
+  });
+  apapo::coordinator::WorkerServiceImpl worker_service(&registry, &scheduler);
+  worker_service.SetRegisterHook([&](const std::string& worker) {
+    metrics.OnWorkerRegistered(worker);
+    scheduler.Wake();
+  });
   apapo::coordinator::CoordinatorServer server(
       {&job_service, &worker_service},
       {apapo::v1::JobService::service_full_name(),
@@ -114,8 +165,14 @@ int Run() {
     std::cerr << "apapo-coordinator: " << port.status().message() << "\n";
     return kExitUnavailable;
   }
+  scheduler.Start();
   std::cout << "apapo-coordinator listening on port " << *port << " (state "
             << state << ")" << std::endl;
+  if (exposer) {
+    std::cout << "apapo-coordinator metrics on port "
+              << exposer->GetListeningPorts().front() << " (/metrics)"
+              << std::endl;
+  }
   if (std::string file = absl::GetFlag(FLAGS_port_file); !file.empty()) {
     std::string tmp = file + ".tmp";
     std::ofstream(tmp) << *port << "\n";
@@ -139,6 +196,7 @@ int Run() {
   server.Wait();
   stopping.Notify();
   monitor.join();
+  scheduler.Stop();
   // Wake the signal thread if the server stopped for another reason.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

@@ -35,6 +35,7 @@ grpc::Status WorkerServiceImpl::Connect(
   *registered.mutable_registered()->mutable_heartbeat_interval() =
       google::protobuf::util::TimeUtil::NanosecondsToDuration(
           absl::ToInt64Nanoseconds(registry_->heartbeat_interval()));
+  if (on_registered_) on_registered_(worker_id);
   if (!stream->Write(registered)) {
     registry_->Disconnect(worker_id, *session, "stream broke on registration");
     return grpc::Status::OK;

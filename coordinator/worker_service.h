@@ -8,6 +8,7 @@
 #ifndef APAPO_COORDINATOR_WORKER_SERVICE_H_
 #define APAPO_COORDINATOR_WORKER_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -24,6 +25,11 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::Service {
   WorkerServiceImpl(WorkerRegistry* registry, WorkerMessageListener* listener,
                     absl::Duration poll = absl::Milliseconds(200));
 
+  // Called after every registration (wakes the scheduler, counts).
+  void SetRegisterHook(std::function<void(const std::string&)> hook) {
+    on_registered_ = std::move(hook);
+  }
+
   grpc::Status Connect(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<apapo::v1::CoordinatorMessage,
@@ -36,6 +42,7 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::Service {
   WorkerRegistry* const registry_;
   WorkerMessageListener* const listener_;
   const absl::Duration poll_;
+  std::function<void(const std::string&)> on_registered_;
 };
 
 }  // namespace apapo::coordinator

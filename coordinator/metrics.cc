@@ -1,0 +1,181 @@
+#include "coordinator/metrics.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace apapo::coordinator {
+namespace {
+
+std::string Lower(std::string s, const std::string& prefix) {
+  if (s.rfind(prefix, 0) == 0) s = s.substr(prefix.size());
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  return s;
+}
+
+prometheus::ClientMetric GaugeMetric(
+    double value, std::vector<prometheus::ClientMetric::Label> labels) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  return m;
+}
+
+}  // namespace
+
+// Jobs and workers by state, and heartbeat ages, read at scrape time.
+class CoordinatorMetrics::StateCollector : public prometheus::Collectable {
+ public:
+  StateCollector(JobManager* jobs, WorkerRegistry* workers, Clock* clock)
+      : jobs_(jobs), workers_(workers), clock_(clock) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out(3);
+    auto& jobs = out[0];
+    jobs.name = "apapo_jobs";
+    jobs.help = "Jobs known to the coordinator, by state.";
+    jobs.type = prometheus::MetricType::Gauge;
+    auto job_counts = jobs_->CountByState();
+    for (int s = apapo::v1::JOB_STATE_QUEUED; s <= apapo::v1::JOB_STATE_CANCELLED; ++s) {
+      auto state = static_cast<apapo::v1::JobState>(s);
+      jobs.metric.push_back(GaugeMetric(
+          job_counts[state],
+          {{"state", Lower(apapo::v1::JobState_Name(state), "JOB_STATE_")}}));
+    }
+    auto& workers = out[1];
+    workers.name = "apapo_workers";
+    workers.help = "Registered worker daemons, by state.";
+    workers.type = prometheus::MetricType::Gauge;
+    auto worker_counts = workers_->CountByState();
+    for (int s = apapo::v1::WORKER_STATE_IDLE; s <= apapo::v1::WORKER_STATE_LOST; ++s) {
+      auto state = static_cast<apapo::v1::WorkerState>(s);
+      workers.metric.push_back(GaugeMetric(
+          worker_counts[state],
+          {{"state", Lower(apapo::v1::WorkerState_Name(state), "WORKER_STATE_")}}));
+    }
+    auto& age = out[2];
+    age.name = "apapo_worker_heartbeat_age_seconds";
+    age.help = "Seconds since each connected worker's last heartbeat.";
+    age.type = prometheus::MetricType::Gauge;
+    absl::Time now = clock_->Now();
+    for (const auto& w : workers_->List()) {
+      if (w.state() == apapo::v1::WORKER_STATE_LOST) continue;
+      absl::Time last = absl::FromUnixNanos(
+          google::protobuf::util::TimeUtil::TimestampToNanoseconds(w.last_heartbeat()));
+      age.metric.push_back(GaugeMetric(absl::ToDoubleSeconds(now - last),
+                                       {{"worker", w.info().worker_id()}}));
+    }
+    return out;
+  }
+
+ private:
+  JobManager* const jobs_;
+  WorkerRegistry* const workers_;
+  Clock* const clock_;
+};
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
+                                       JobManager* jobs,
+                                       WorkerRegistry* workers, Clock* clock)
+    : state_(std::make_shared<StateCollector>(jobs, workers, clock)),
+      submitted_(prometheus::BuildCounter()
+                     .Name("apapo_jobs_submitted_total")
+                     .Help("Jobs accepted by SubmitJob.")
+                     .Register(*registry)),
+      registrations_(prometheus::BuildCounter()
+                         .Name("apapo_worker_registrations_total")
+                         .Help("Worker registrations, reconnects included.")
+                         .Register(*registry)),
+      lost_(prometheus::BuildCounter()
+                .Name("apapo_workers_lost_total")
+                .Help("Workers marked lost (stream ended or heartbeat timeout).")
+                .Register(*registry)),
+      samples_per_second_(prometheus::BuildGauge()
+                              .Name("apapo_stage_samples_per_second")
+                              .Help("Recent training throughput of a stage replica.")
+                              .Register(*registry)),
+      samples_(prometheus::BuildCounter()
+                   .Name("apapo_stage_samples_total")
+                   .Help("Training samples processed by a stage replica.")
+                   .Register(*registry)),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("apapo_stage_step_seconds")
+                        .Help("Duration of optimizer steps on a stage replica.")
+                        .Register(*registry)),
+      bytes_sent_(prometheus::BuildCounter()
+                      .Name("apapo_stage_sent_bytes_total")
+                      .Help("Bytes a stage replica sent to other ranks.")
+                      .Register(*registry)),
+      stage_seconds_(prometheus::BuildCounter()
+                         .Name("apapo_stage_time_seconds_total")
+                         .Help("Stage replica time by activity: busy (compute), "
+                               "idle (waiting), comm (exposed communication).")
+                         .Register(*registry)),
+      loss_(prometheus::BuildGauge()
+                .Name("apapo_job_loss")
+                .Help("Recent training loss reported by the last stage.")
+                .Register(*registry)),
+      accuracy_(prometheus::BuildGauge()
+                    .Name("apapo_job_test_accuracy_ratio")
+                    .Help("Last test-set accuracy, 0..1.")
+                    .Register(*registry)),
+      staleness_(prometheus::BuildGauge()
+                     .Name("apapo_stage_max_staleness_updates")
+                     .Help("Largest gradient delay seen on a stage, in updates.")
+                     .Register(*registry)) {}
+
+std::shared_ptr<prometheus::Collectable> CoordinatorMetrics::state_collectable()
+    const {
+  return state_;
+}
+
+void CoordinatorMetrics::OnJobSubmitted() { submitted_.Add({}).Increment(); }
+
+void CoordinatorMetrics::OnWorkerRegistered(const std::string&) {
+  registrations_.Add({}).Increment();
+}
+
+void CoordinatorMetrics::OnWorkerLost(const std::string&) {
+  lost_.Add({}).Increment();
+}
+
+void CoordinatorMetrics::OnMetrics(const std::string& job_id,
+                                   const apapo::v1::MetricsReport& report) {
+  const auto& s = report.stage();
+  std::map<std::string, std::string> labels{
+      {"job", job_id}, {"stage", absl::StrCat(s.stage())}, {"worker", report.worker_id()}};
+  samples_per_second_.Add(labels).Set(report.samples_per_second());
+  staleness_.Add(labels).Set(s.max_staleness());
+  static const auto* kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  auto& histogram = step_seconds_.Add(labels, *kBuckets);
+  for (double d : s.step_seconds()) histogram.Observe(d);
+  if (report.has_loss()) loss_.Add({{"job", job_id}}).Set(report.loss());
+  if (report.has_test_accuracy()) {
+    accuracy_.Add({{"job", job_id}}).Set(report.test_accuracy());
+  }
+  absl::MutexLock lock(&mu_);
+  Last& last = last_[{job_id, report.worker_id()}];
+  auto add = [&](prometheus::Family<prometheus::Counter>& family,
+                 std::map<std::string, std::string> l, double now, double& before) {
+    if (now > before) family.Add(l).Increment(now - before);
+    before = std::max(before, now);
+  };
+  double bytes_before = last.bytes, samples_before = last.samples;
+  add(bytes_sent_, labels, s.bytes_sent(), bytes_before);
+  add(samples_, labels, report.samples(), samples_before);
+  last.bytes = static_cast<int64_t>(bytes_before);
+  last.samples = static_cast<int64_t>(samples_before);
+  for (auto [activity, now, before] :
+       {std::tuple<const char*, double, double*>{"busy", s.busy_seconds(), &last.busy},
+        {"idle", s.idle_seconds(), &last.idle},
+        {"comm", s.comm_exposed_seconds(), &last.comm}}) {
+    auto l = labels;
+    l["activity"] = activity;
+    add(stage_seconds_, l, now, *before);
+  }
+}
+
+}  // namespace apapo::coordinator

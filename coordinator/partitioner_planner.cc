@@ -1,0 +1,140 @@
+#include "coordinator/partitioner_planner.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/spec_validator.h"
+#include "partitioner/optimizer.h"
+#include "partitioner/plan_proto.h"
+
+namespace apapo::coordinator {
+namespace {
+
+namespace pt = apapo::partitioner;
+
+absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
+  const int n = spec.workers_size();
+  if (n == 0) return absl::InvalidArgumentError("cluster: no workers");
+  pt::Cluster cluster;
+  int product = 1;
+  for (const auto& level : spec.levels()) {
+    pt::Level l;
+    l.fanout = std::max(1, level.group_size());
+    if (level.bandwidth_bytes_per_second() > 0) {
+      l.bandwidth = level.bandwidth_bytes_per_second();
+    }
+    product *= l.fanout;
+    cluster.levels.push_back(l);
+  }
+  if (cluster.levels.empty() || product != n) {
+    cluster.levels = {pt::Level{n, cluster.levels.empty()
+                                       ? pt::kDefaultBandwidth
+                                       : cluster.levels[0].bandwidth}};
+  }
+  double memory = 0;
+  bool heterogeneous = false;
+  for (const auto& w : spec.workers()) {
+    double speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+    cluster.speeds.push_back(speed);
+    heterogeneous |= speed != 1.0;
+    if (w.memory_bytes() > 0) {
+      memory = memory == 0 ? w.memory_bytes()
+                           : std::min<double>(memory, w.memory_bytes());
+    }
+  }
+  if (!heterogeneous) cluster.speeds.clear();
+  cluster.memory_bytes = memory;
+  return cluster;
+}
+
+apapo::schedule::ScheduleKind ToSchedule(apapo::v1::ScheduleKind kind) {
+  switch (kind) {
+    case apapo::v1::SCHEDULE_KIND_2BW: return apapo::schedule::ScheduleKind::k2BW;
+    case apapo::v1::SCHEDULE_KIND_GPIPE: return apapo::schedule::ScheduleKind::kGPipe;
+    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH:
+      return apapo::schedule::ScheduleKind::k1F1BFlush;
+    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL:
+      return apapo::schedule::ScheduleKind::kDataParallel;
+    default: return apapo::schedule::ScheduleKind::kAsync;
+  }
+}
+
+absl::StatusOr<pt::Plan> PlanWith(const pt::Graph& graph,
+                                  const pt::Cluster& cluster,
+                                  pt::PlannerOptions options) {
+  if (options.schedule == apapo::schedule::ScheduleKind::kDataParallel) {
+    return pt::DataParallelPlan(graph, cluster, options);
+  }
+  return pt::PlanPipeline(graph, cluster, options);
+}
+
+}  // namespace
+
+absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
+    const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
+    const apapo::v1::ClusterSpec& cluster_spec) {
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("measured profile: ", graph.status().message()));
+  }
+  absl::StatusOr<pt::Cluster> cluster = ToCluster(cluster_spec);
+  if (!cluster.ok()) return cluster.status();
+
+  pt::PlannerOptions options;
+  options.cost_model = pt::CostModel::kApapo;
+  options.schedule = ToSchedule(spec.schedule().kind());
+  options.micro_batches = EffectiveMicroBatches(spec);
+  options.batch_size = spec.data().batch_size();
+  if (spec.schedule().has_max_staleness()) {
+    // The async schedule keeps at most max_staleness + 1 micro-batches'
+    // worth of versions in flight.
+    options.max_in_flight = spec.schedule().max_staleness() + 1;
+  }
+  if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
+    options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
+  }
+  absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, options);
+  if (!plan.ok()) return plan.status();
+
+  apapo::v1::Plan out = pt::PlanToProto(*plan, *graph, profile.model());
+  // "w<index>" -> the registry's worker ids.
+  for (auto& stage : *out.mutable_stages()) {
+    for (auto& replica : *stage.mutable_placement()) {
+      int index = -1;
+      if (replica.worker_id().size() > 1 &&
+          absl::SimpleAtoi(replica.worker_id().substr(1), &index) && index >= 0 &&
+          index < cluster_spec.workers_size()) {
+        replica.set_worker_id(cluster_spec.workers(index).worker_id());
+      }
+    }
+  }
+  if (spec.schedule().stages() > 0 && out.stages_size() != spec.schedule().stages()) {
+    out.add_notes(absl::StrCat("spec asked for ", spec.schedule().stages(),
+                               " stage(s); the planner cannot force a stage "
+                               "count and chose ", out.stages_size()));
+  }
+  if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
+    out.add_notes("schedule auto: async 1F1B with weight stashing");
+  }
+  // Predicted throughput of the alternatives on the same cluster.
+  for (auto [name, kind] :
+       {std::pair<const char*, apapo::schedule::ScheduleKind>{
+            "async", apapo::schedule::ScheduleKind::kAsync},
+        {"gpipe", apapo::schedule::ScheduleKind::kGPipe},
+        {"1f1b_flush", apapo::schedule::ScheduleKind::k1F1BFlush},
+        {"dp", apapo::schedule::ScheduleKind::kDataParallel}}) {
+    pt::PlannerOptions alt = options;
+    alt.schedule = kind;
+    alt.micro_batches = 0;  // each schedule's own default
+    absl::StatusOr<pt::Plan> p = PlanWith(*graph, *cluster, alt);
+    if (p.ok()) {
+      (*out.mutable_prediction()->mutable_alternatives_samples_per_second())[name] =
+          p->samples_per_second;
+    }
+  }
+  return out;
+}
+
+}  // namespace apapo::coordinator

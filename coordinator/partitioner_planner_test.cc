@@ -1,0 +1,95 @@
+#include "coordinator/partitioner_planner.h"
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace apapo::coordinator {
+namespace {
+
+// A 4-layer chain whose two halves weigh the same, with small activations:
+// two workers should run it as a 2-stage pipeline.
+apapo::v1::ModelProfile ChainProfile() {
+  apapo::v1::ModelProfile p;
+  p.set_model("chain");
+  p.set_batch_size(128);
+  std::string prev;
+  for (int i = 0; i < 4; ++i) {
+    auto* n = p.add_nodes();
+    n->set_id("fc" + std::to_string(i));
+    if (!prev.empty()) n->add_inputs(prev);
+    n->set_forward_seconds(0.01);
+    n->set_backward_seconds(0.02);
+    n->set_activation_bytes(128 * 2048 * 4);
+    n->set_parameter_bytes(2048LL * 2048 * 4);
+    prev = n->id();
+  }
+  return p;
+}
+
+apapo::v1::ClusterSpec TwoWorkers(double bandwidth) {
+  apapo::v1::ClusterSpec c;
+  for (const char* id : {"alpha", "beta"}) {
+    auto* w = c.add_workers();
+    w->set_worker_id(id);
+    w->set_relative_speed(1.0);
+  }
+  auto* level = c.add_levels();
+  level->set_group_size(2);
+  level->set_bandwidth_bytes_per_second(bandwidth);
+  return c;
+}
+
+apapo::v1::JobSpec Spec() {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_micro_batches(4);
+  return spec;
+}
+
+TEST(PartitionerPlannerTest, PipelinesAChainOnTwoWorkersNamedByRegistryIds) {
+  PartitionerPlanner planner;
+  // Slow network: all-reducing 16 MB per layer is dearer than sending 1 MB
+  // of activations.
+  auto plan = planner.MakePlan(Spec(), ChainProfile(), TwoWorkers(1e8));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2) << plan->DebugString();
+  EXPECT_EQ(plan->stages(0).placement(0).worker_id(), "alpha");
+  EXPECT_EQ(plan->stages(1).placement(0).worker_id(), "beta");
+  EXPECT_EQ(plan->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC);
+  EXPECT_EQ(plan->stages(0).node_ids(0), "fc0");
+  EXPECT_GT(plan->prediction().samples_per_second(), 0);
+  EXPECT_TRUE(plan->prediction().alternatives_samples_per_second().contains("dp"));
+  EXPECT_TRUE(plan->prediction().alternatives_samples_per_second().contains("gpipe"));
+}
+
+TEST(PartitionerPlannerTest, ExplicitDataParallelReplicatesOneStage) {
+  PartitionerPlanner planner;
+  auto spec = Spec();
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  auto plan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e10));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 1);
+  EXPECT_EQ(plan->stages(0).replicas(), 2);
+}
+
+TEST(PartitionerPlannerTest, BadProfileIsInvalidArgument) {
+  PartitionerPlanner planner;
+  auto profile = ChainProfile();
+  profile.mutable_nodes(2)->set_inputs(0, "missing");
+  auto plan = planner.MakePlan(Spec(), profile, TwoWorkers(1e9));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()), ::testing::HasSubstr("missing"));
+}
+
+TEST(PartitionerPlannerTest, NothingFitsInMemoryIsResourceExhausted) {
+  PartitionerPlanner planner;
+  auto cluster = TwoWorkers(1e9);
+  for (auto& w : *cluster.mutable_workers()) w.set_memory_bytes(1 << 20);
+  auto plan = planner.MakePlan(Spec(), ChainProfile(), cluster);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted)
+      << plan.status();
+}
+
+}  // namespace
+}  // namespace apapo::coordinator
