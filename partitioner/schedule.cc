@@ -69,8 +69,9 @@ int DefaultDepth(const ScheduleOptions& options, int stage) {
 }  // namespace
 
 int InFlightDepth(const ScheduleOptions& options, int stage) {
-  const int local = options.micro_batches_per_iteration /
-                    std::max(1, options.Replicas(stage));
+  const int r = std::max(1, options.Replicas(stage));
+  // Most local micro-batches one replica gets in an iteration.
+  const int local = (options.micro_batches_per_iteration + r - 1) / r;
   if (options.kind == ScheduleKind::kGPipe) return std::max(1, local);
   int depth = DefaultDepth(options, stage);
   if (options.max_in_flight > 0) depth = std::min(depth, options.max_in_flight);
@@ -113,10 +114,11 @@ absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("stage ", s, " has ", r, " replicas"));
     }
-    if (options.micro_batches_per_iteration % r != 0) {
+    if (r > options.micro_batches_per_iteration &&
+        options.kind != ScheduleKind::kAsync) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "micro_batches_per_iteration (", options.micro_batches_per_iteration,
-          ") must be a multiple of stage ", s, "'s replica count (", r, ")"));
+          "stage ", s, " has ", r, " replicas but an iteration only ",
+          options.micro_batches_per_iteration, " micro-batches"));
     }
     if (options.kind == ScheduleKind::k2BW &&
         InFlightDepth(options, s) > options.micro_batches_per_iteration / r) {
@@ -156,13 +158,32 @@ StageProgram::StageProgram(const ScheduleOptions& options, int stage,
       depth_(InFlightDepth(options, stage)),
       local_per_iteration_(options.micro_batches_per_iteration /
                            options.Replicas(stage)),
-      total_local_(options.num_iterations * local_per_iteration_) {}
+      m_(options.micro_batches_per_iteration),
+      iterations_(options.num_iterations) {
+  const int64_t total_global = m_ * iterations_;
+  total_local_ = total_global > replica_
+                     ? (total_global - replica_ + replicas_ - 1) / replicas_
+                     : 0;
+}
+
+int64_t StageProgram::FirstLocal(int64_t iteration) const {
+  // Smallest local i with i * R + r >= iteration * m.
+  const int64_t g = iteration * m_ - replica_;
+  return g <= 0 ? 0 : (g + replicas_ - 1) / replicas_;
+}
+
+void StageProgram::PushUpdatesBefore(int64_t iteration) {
+  while (version_ < iteration) {
+    ++version_;
+    queue_.push_back(Op{Op::kUpdate, version_ * m_ - 1, version_});
+  }
+}
 
 void StageProgram::PushForward(int64_t local) {
   int64_t version = version_;
   if (kind_ == ScheduleKind::k2BW) {
     // Iteration k uses version k-1 (the version before the newest).
-    version = std::max<int64_t>(0, local / local_per_iteration_ - 1);
+    version = std::max<int64_t>(0, Iteration(local) - 1);
   }
   stash_.push_back(version);
   queue_.push_back(Op{Op::kForward, Global(local), version});
@@ -170,16 +191,15 @@ void StageProgram::PushForward(int64_t local) {
 
 void StageProgram::PushBackward(int64_t local) {
   // Backwards retire in forward order in every schedule, so the stash is FIFO.
+  const int64_t iteration = Iteration(local);
+  if (IsAsynchronous(kind_)) PushUpdatesBefore(iteration);
   const int64_t version = stash_.front();
   stash_.pop_front();
   queue_.push_back(Op{Op::kBackward, Global(local), version});
-  if ((local + 1) % local_per_iteration_ == 0) {
-    ++version_;
-    // The update names the iteration's last global micro-batch.
-    const int64_t iteration = local / local_per_iteration_;
-    const int64_t replicas = replicas_;
-    const int64_t m = local_per_iteration_ * replicas;
-    queue_.push_back(Op{Op::kUpdate, iteration * m + m - 1, version_});
+  if (IsAsynchronous(kind_) &&
+      (local + 1 >= total_local_ || Iteration(local + 1) > iteration)) {
+    // Last local micro-batch of its iteration: the iteration's update.
+    PushUpdatesBefore(iteration + 1);
   }
 }
 
@@ -190,19 +210,21 @@ void StageProgram::Refill() {
       for (int64_t i = 0; i < std::min<int64_t>(depth_, total_local_); ++i) {
         PushForward(i);
       }
+      if (total_local_ == 0) PushUpdatesBefore(iterations_);
       return;
     }
     if (step_ >= total_local_) return;
     PushBackward(step_);
     if (step_ + depth_ < total_local_) PushForward(step_ + depth_);
     ++step_;
+    // Iterations this replica has no micro-batch in still need its update.
+    if (step_ >= total_local_) PushUpdatesBefore(iterations_);
     return;
   }
   // Flush schedules: one whole iteration at a time.
-  const int64_t iterations = total_local_ / std::max(1, local_per_iteration_);
-  if (step_ >= iterations) return;
-  const int64_t base = step_ * local_per_iteration_;
-  const int64_t n = local_per_iteration_;
+  if (step_ >= iterations_) return;
+  const int64_t base = FirstLocal(step_);
+  const int64_t n = std::min(FirstLocal(step_ + 1), total_local_) - base;
   if (kind_ == ScheduleKind::kGPipe) {
     for (int64_t i = 0; i < n; ++i) PushForward(base + i);
     for (int64_t i = 0; i < n; ++i) PushBackward(base + i);
@@ -215,6 +237,7 @@ void StageProgram::Refill() {
     }
   }
   ++step_;
+  PushUpdatesBefore(step_);
 }
 
 bool StageProgram::Next(Op* op) {
@@ -229,10 +252,11 @@ absl::StatusOr<StageScheduleStats> AnalyzeStage(const ScheduleOptions& options,
                                                 int stage) {
   ScheduleOptions run = options;
   // Enough iterations for the deepest warm-up to reach steady state twice.
-  const int local = options.micro_batches_per_iteration /
-                    std::max(1, options.Replicas(std::max(0, stage)));
+  const int local = std::max(
+      1, options.micro_batches_per_iteration /
+             std::max(1, options.Replicas(std::max(0, stage))));
   const int64_t depth = std::max(1, InFlightDepth(options, std::max(0, stage)));
-  run.num_iterations = 4 + (2 * depth + local - 1) / std::max(1, local);
+  run.num_iterations = 4 + (2 * depth + local - 1) / local;
   absl::StatusOr<StageProgram> program = StageProgram::Create(run, stage, 0);
   if (!program.ok()) return program.status();
 

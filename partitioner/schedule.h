@@ -15,9 +15,12 @@
 //     accumulated and applied by exactly one kUpdate per stage replica.
 //   * replica r of stage s processes the micro-batches with j % R_s == r
 //     (round robin, as PipeDream). Its i-th *local* micro-batch is
-//     j = i * R_s + r. m must be a multiple of every R_s, so every replica
-//     gets m / R_s micro-batches per iteration; the replicas all-reduce their
-//     accumulated gradients inside kUpdate and therefore hold identical weights.
+//     j = i * R_s + r. When R_s does not divide m, replicas get floor or ceil
+//     of m / R_s micro-batches of an iteration (possibly none). Every replica
+//     still emits exactly one kUpdate per iteration, in iteration order: the
+//     replicas all-reduce their accumulated gradients inside kUpdate (a
+//     replica with no micro-batch contributes zeros) and therefore hold
+//     identical weights.
 //   * weight version: the number of kUpdate ops a stage replica has applied.
 //     Version 0 is the initial weights; the k-th update (k = 1, 2, ...)
 //     produces version k, at the end of iteration k-1.
@@ -115,14 +118,15 @@ struct ScheduleOptions {
   }
 };
 
-// Checks ranges (p >= 1, m >= 1, R_s >= 1, m % R_s == 0, iterations >= 0,
-// dp has one stage, 2bw has d_s <= m / R_s).
+// Checks ranges (p >= 1, m >= 1, R_s >= 1, iterations >= 0, dp has one
+// stage, synchronous schedules have R_s <= m, 2bw has d_s <= m / R_s).
 absl::Status ValidateScheduleOptions(const ScheduleOptions& options);
 
 // Warm-up depth d_s: micro-batches one replica of `stage` keeps in flight in
 // steady state. Default (PipeDream's NOAM): ceil(sum_{t>=s} R_t / R_s), which
 // is p - s without replication; bounded by max_in_flight when set. For
-// kGPipe it is m / R_s; for k1F1BFlush and kDataParallel min(d_s, m / R_s).
+// kGPipe it is ceil(m / R_s); for k1F1BFlush and kDataParallel
+// min(d_s, ceil(m / R_s)).
 int InFlightDepth(const ScheduleOptions& options, int stage);
 
 // Generates one stage replica's op sequence lazily.
@@ -142,7 +146,8 @@ class StageProgram {
   int stage() const { return stage_; }
   int replica() const { return replica_; }
   int in_flight_depth() const { return depth_; }
-  // Local micro-batches this replica processes per iteration (m / R_s).
+  // Local micro-batches this replica processes per iteration when R_s
+  // divides m (floor(m / R_s) otherwise).
   int local_per_iteration() const { return local_per_iteration_; }
 
  private:
@@ -150,7 +155,11 @@ class StageProgram {
   void Refill();
   void PushForward(int64_t local);
   void PushBackward(int64_t local);
+  // Emits the updates of every iteration before `iteration` not yet emitted.
+  void PushUpdatesBefore(int64_t iteration);
+  int64_t FirstLocal(int64_t iteration) const;
   int64_t Global(int64_t local) const { return local * replicas_ + replica_; }
+  int64_t Iteration(int64_t local) const { return Global(local) / m_; }
 
   ScheduleKind kind_;
   int stage_;
@@ -158,10 +167,12 @@ class StageProgram {
   int replicas_;
   int depth_;
   int local_per_iteration_;
-  int64_t total_local_;  // local micro-batches over all iterations
+  int64_t m_;
+  int64_t iterations_;
+  int64_t total_local_ = 0;  // local micro-batches over all iterations
 
   // Generation state.
-  int64_t step_ = 0;         // no-flush: next backward; flush: next iteration
+  int64_t step_ = 0;  // no-flush: next backward; flush: next iteration
   bool warmed_up_ = false;   // no-flush only
   int64_t version_ = 0;      // updates generated so far
   std::deque<int64_t> stash_;  // versions of forwards not yet backwarded

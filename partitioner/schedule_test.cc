@@ -102,6 +102,23 @@ TEST(StageProgramTest, ReplicasTakeMicroBatchesRoundRobin) {
                                            "U1->v1", "B3@v0", "U3->v2"}));
 }
 
+TEST(StageProgramTest, UnevenReplicasStillUpdateOncePerIteration) {
+  // m = 1 with 2 replicas: replica 1 has micro-batches only in odd
+  // iterations but all-reduces (with zeros) in every one.
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 1, 4);
+  options.replicas = {2, 1};
+  EXPECT_EQ(Program(options, 0, 1),
+            (std::vector<std::string>{"F1@v0", "F3@v0", "U0->v1", "B1@v0",
+                                      "U1->v2", "U2->v3", "B3@v0",
+                                      "U3->v4"}));
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1BFlush}) {
+    ScheduleOptions flush = Options(kind, 2, 3, 2);
+    flush.replicas = {2, 1};
+    std::vector<std::string> ops = Program(flush, 0, 1);
+    EXPECT_EQ(ops.size(), 3u * 2 + 2) << ScheduleKindName(kind);  // F,B x3 + U x2
+  }
+}
+
 TEST(StageProgramTest, BackwardAlwaysUsesItsForwardsVersion) {
   for (ScheduleKind kind :
        {ScheduleKind::kAsync, ScheduleKind::k2BW, ScheduleKind::kGPipe,
@@ -183,9 +200,9 @@ TEST(AnalyzeStageTest, MaxInFlightBoundsStaleness) {
 TEST(ValidateScheduleOptionsTest, RejectsBadShapes) {
   ScheduleOptions options = Options(ScheduleKind::kAsync, 0, 1, 1);
   EXPECT_FALSE(ValidateScheduleOptions(options).ok());
-  options = Options(ScheduleKind::kAsync, 2, 3, 1);
-  options.replicas = {2, 1};
-  EXPECT_FALSE(ValidateScheduleOptions(options).ok());  // 3 % 2 != 0
+  options = Options(ScheduleKind::kGPipe, 2, 3, 1);
+  options.replicas = {4, 1};
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());  // 4 replicas, m = 3
   options = Options(ScheduleKind::k2BW, 4, 2, 1);
   EXPECT_FALSE(ValidateScheduleOptions(options).ok());  // 2bw needs m >= p
   options = Options(ScheduleKind::kDataParallel, 2, 2, 1);

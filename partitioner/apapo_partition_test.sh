@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# End-to-end checks of the apapo-partition tool: plans, JSON, --compare,
+# --trace, and one-line errors with exit code 2 on bad input.
+set -u
+BIN="partitioner/apapo-partition"
+PROFILES="${APAPO_PROFILES_DIR:-$(dirname "$(readlink -f partitioner/BUILD)")/../../shared/profiles}"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$BIN" --profile="$PROFILES/vgg16/graph.txt" --workers=4 --cost-model=pipedream) \
+  || fail "vgg16 plan exited $?"
+echo "$out" | grep -q "bottleneck 0.20552" || fail "vgg16 bottleneck: $out"
+
+json=$("$BIN" --profile="$PROFILES/gnmt/graph.txt" --workers=8 --format=json) \
+  || fail "json exited $?"
+echo "$json" | grep -q '"nodeIds"' || fail "no nodeIds in json"
+echo "$json" | grep -q '"replicas"' || fail "no replicas in json"
+
+cmp=$("$BIN" --profile="$PROFILES/resnet50/graph.txt" --workers=8 --compare \
+  --trace="$TMP/trace.json") || fail "compare exited $?"
+for s in dp gpipe 1f1b_flush async; do
+  echo "$cmp" | grep -q "^  $s " || fail "compare lacks $s: $cmp"
+done
+grep -q '"traceEvents"' "$TMP/trace.json" || fail "trace not written"
+
+"$BIN" --profile="$PROFILES/inception_v3/graph.txt" --levels=8:300e9,4:25e9 \
+  >/dev/null || fail "inception two-level"
+
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern="$1"; shift
+  local err rc
+  err=$("$BIN" "$@" 2>&1 >/dev/null); rc=$?
+  [ "$rc" -eq 2 ] || fail "exit $rc (want 2) for $*: $err"
+  [ "$(echo "$err" | wc -l)" -eq 1 ] || fail "multi-line error for $*: $err"
+  echo "$err" | grep -q -- "$pattern" || fail "error '$err' lacks '$pattern'"
+}
+printf 'a -- A -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=1\nb -- B -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=1\n\ta -- b\n\tb -- a\n' > "$TMP/cycle.txt"
+expect_error "cycle.txt:[34]: cycle" --profile="$TMP/cycle.txt" --workers=2
+printf 'a -- A -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=1\n\ta -- zz\n' > "$TMP/dangling.txt"
+expect_error "dangling.txt:2: dangling edge" --profile="$TMP/dangling.txt" --workers=2
+printf 'a -- A -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=1\na -- A -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=1\n' > "$TMP/dup.txt"
+expect_error "dup.txt:2: duplicate node" --profile="$TMP/dup.txt" --workers=2
+printf 'a -- A -- forward_compute_time=-1, backward_compute_time=1, activation_size=1, parameter_size=1\n' > "$TMP/neg.txt"
+expect_error "neg.txt:1:" --profile="$TMP/neg.txt" --workers=2
+printf 'a -- A -- forward_compute_time=abc, backward_compute_time=1, activation_size=1, parameter_size=1\n' > "$TMP/nan.txt"
+expect_error "nan.txt:1:" --profile="$TMP/nan.txt" --workers=2
+: > "$TMP/empty.txt"
+expect_error "empty.txt:0: empty graph" --profile="$TMP/empty.txt" --workers=2
+expect_error "workers" --profile="$PROFILES/vgg16/graph.txt" --workers=0
+expect_error "cannot open" --profile="$TMP/missing.txt" --workers=2
+expect_error "schedule" --profile="$PROFILES/vgg16/graph.txt" --workers=2 --schedule=zz
+echo PASS

@@ -1,0 +1,157 @@
+#include "partitioner/cluster.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace apapo {
+namespace partitioner {
+
+int Cluster::num_workers() const {
+  int64_t n = 1;
+  for (const Level& level : levels) n *= level.fanout;
+  return static_cast<int>(n);
+}
+
+bool Cluster::heterogeneous() const {
+  for (double s : speeds) {
+    if (s != speeds.front()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<double> ParseQuantity(absl::string_view text) {
+  absl::string_view t = absl::StripAsciiWhitespace(text);
+  double scale = 1;
+  struct Suffix {
+    const char* name;
+    double scale;
+  };
+  static constexpr Suffix kSuffixes[] = {
+      {"Ki", 1024.0},     {"Mi", 1048576.0}, {"Gi", 1073741824.0},
+      {"Ti", 1099511627776.0}, {"K", 1e3},   {"M", 1e6},
+      {"G", 1e9},         {"T", 1e12}};
+  for (const Suffix& s : kSuffixes) {
+    if (absl::ConsumeSuffix(&t, s.name)) {
+      scale = s.scale;
+      break;
+    }
+  }
+  double value = 0;
+  if (t.empty() || !absl::SimpleAtod(t, &value) || !std::isfinite(value) ||
+      value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a non-negative number"));
+  }
+  return value * scale;
+}
+
+absl::StatusOr<Cluster> MakeCluster(int workers, absl::string_view levels,
+                                    absl::string_view memory,
+                                    absl::string_view speeds) {
+  Cluster cluster;
+  if (absl::StripAsciiWhitespace(levels).empty()) {
+    if (workers <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workers must be >= 1, got ", workers));
+    }
+    cluster.levels.push_back(Level{workers, kDefaultBandwidth});
+  } else {
+    int64_t product = 1;
+    for (absl::string_view item : absl::StrSplit(levels, ',')) {
+      std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+      if (parts.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "level '", item, "' must be FANOUT:BANDWIDTH, e.g. 8:300e9"));
+      }
+      Level level;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]),
+                            &level.fanout) ||
+          level.fanout < 1 || level.fanout > 65536) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("level '", item, "': fan-out must be 1..65536"));
+      }
+      absl::StatusOr<double> bw = ParseQuantity(parts[1]);
+      if (!bw.ok() || *bw <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("level '", item, "': bandwidth must be > 0"));
+      }
+      level.bandwidth = *bw;
+      product *= level.fanout;
+      if (product > (1 << 20)) {
+        return absl::InvalidArgumentError("more than 2^20 workers");
+      }
+      cluster.levels.push_back(level);
+    }
+    if (workers > 0 && product != workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--levels describe ", product, " workers but --workers=",
+                       workers));
+    }
+  }
+  if (!absl::StripAsciiWhitespace(memory).empty()) {
+    absl::StatusOr<double> mem = ParseQuantity(memory);
+    if (!mem.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory: ", mem.status().message()));
+    }
+    cluster.memory_bytes = *mem;
+  }
+  if (!absl::StripAsciiWhitespace(speeds).empty()) {
+    for (absl::string_view item : absl::StrSplit(speeds, ',')) {
+      int repeat = 1;
+      absl::string_view value = item;
+      std::vector<absl::string_view> parts = absl::StrSplit(item, '*');
+      if (parts.size() == 2) {
+        if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]), &repeat) ||
+            repeat < 1 || repeat > (1 << 20)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--speeds item '", item, "': bad repeat count"));
+        }
+        value = parts[1];
+      } else if (parts.size() > 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--speeds item '", item, "' must be N*SPEED"));
+      }
+      double speed = 0;
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(value), &speed) ||
+          !std::isfinite(speed) || speed <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--speeds item '", item, "': speed must be > 0"));
+      }
+      if (cluster.speeds.size() + repeat > (1u << 20)) {
+        return absl::InvalidArgumentError("--speeds lists too many workers");
+      }
+      cluster.speeds.insert(cluster.speeds.end(), repeat, speed);
+    }
+    if (static_cast<int>(cluster.speeds.size()) != cluster.num_workers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speeds lists ", cluster.speeds.size(),
+                       " workers but the cluster has ", cluster.num_workers()));
+    }
+  }
+  return cluster;
+}
+
+std::string DescribeCluster(const Cluster& cluster) {
+  std::string out;
+  for (size_t i = 0; i < cluster.levels.size(); ++i) {
+    absl::StrAppend(&out, i ? "," : "", cluster.levels[i].fanout, ":",
+                    cluster.levels[i].bandwidth);
+  }
+  absl::StrAppend(&out, " (", cluster.num_workers(), " workers)");
+  if (cluster.memory_bytes > 0) {
+    absl::StrAppend(&out, ", memory ", cluster.memory_bytes, " B");
+  }
+  if (cluster.heterogeneous()) absl::StrAppend(&out, ", heterogeneous");
+  return out;
+}
+
+}  // namespace partitioner
+}  // namespace apapo

@@ -1,0 +1,66 @@
+// Cluster description for the planner: N workers arranged in a hierarchy of
+// levels, each level with its own link bandwidth, a memory limit per device
+// and a relative compute speed per worker (heterogeneous clusters).
+//
+// Level syntax (flag --levels), innermost level first:
+//   "8:300e9,4:25e9"   8 workers per server linked at 300e9 B/s, 4 servers
+//                       linked at 25e9 B/s: 32 workers. The product of the
+//                       fan-outs is the worker count.
+// Bandwidths accept plain numbers or suffixes K/M/G/T (x1e3..1e12), e.g.
+// "8:300G,4:25G". Memory ("--memory") accepts the same suffixes, or Ki/Mi/Gi
+// (powers of 1024); 0 means unlimited. Speeds ("--speeds") are a comma list of
+// per-worker factors with optional repetition, e.g. "4*1.0,4*0.5": worker w
+// runs a layer in time / speed[w]. Workers are numbered in level order:
+// worker w is in innermost group w / fanout(0).
+//
+// Thread-safety: plain value types and stateless functions.
+
+#ifndef APAPO_PARTITIONER_CLUSTER_H_
+#define APAPO_PARTITIONER_CLUSTER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace apapo {
+namespace partitioner {
+
+// PipeDream's default link bandwidth (bytes/second).
+inline constexpr double kDefaultBandwidth = 1e9;
+
+struct Level {
+  int fanout = 1;                      // units of the level below per group
+  double bandwidth = kDefaultBandwidth;  // bytes/second between those units
+};
+
+struct Cluster {
+  std::vector<Level> levels;  // innermost first; never empty once valid
+  double memory_bytes = 0;    // per device; 0 = unlimited
+  std::vector<double> speeds;  // per worker; empty = all 1.0
+
+  int num_workers() const;
+  double speed(int worker) const {
+    return speeds.empty() ? 1.0 : speeds[worker];
+  }
+  bool heterogeneous() const;
+};
+
+// Builds a cluster. `levels` empty means one level of `workers` at 1e9 B/s;
+// otherwise the fan-out product must equal `workers` (workers <= 0: taken
+// from the levels).
+absl::StatusOr<Cluster> MakeCluster(int workers, absl::string_view levels,
+                                    absl::string_view memory,
+                                    absl::string_view speeds);
+
+// Parses "300e9", "25G", "16Gi" into a non-negative finite number.
+absl::StatusOr<double> ParseQuantity(absl::string_view text);
+
+// "8:300e9,4:25e9 (32 workers), memory 16e9 B".
+std::string DescribeCluster(const Cluster& cluster);
+
+}  // namespace partitioner
+}  // namespace apapo
+
+#endif  // APAPO_PARTITIONER_CLUSTER_H_

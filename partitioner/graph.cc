@@ -1,0 +1,143 @@
+#include "partitioner/graph.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace apapo {
+namespace partitioner {
+
+int Graph::AddNode(Node node) {
+  const int index = num_nodes();
+  index_.emplace(node.id, index);  // keeps the first on duplicates
+  nodes_.push_back(std::move(node));
+  succ_.emplace_back();
+  pred_.emplace_back();
+  return index;
+}
+
+absl::Status Graph::AddEdge(int from, int to, int line) {
+  if (from < 0 || from >= num_nodes() || to < 0 || to >= num_nodes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("edge ", from, " -> ", to, " names a missing node"));
+  }
+  edges_.push_back(Edge{from, to, line});
+  succ_[from].push_back(to);
+  pred_[to].push_back(from);
+  return absl::OkStatus();
+}
+
+int Graph::FindNode(absl::string_view id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? -1 : it->second;
+}
+
+absl::Status Graph::Validate(int* error_line) const {
+  auto fail = [error_line](int line, std::string message) {
+    if (error_line != nullptr) *error_line = line;
+    return absl::InvalidArgumentError(std::move(message));
+  };
+  if (error_line != nullptr) *error_line = 0;
+  if (nodes_.empty()) return fail(0, "empty graph: no nodes");
+  absl::flat_hash_map<absl::string_view, int> seen;
+  for (const Node& n : nodes_) {
+    if (n.id.empty()) return fail(n.line, "node with an empty id");
+    auto [it, inserted] = seen.emplace(n.id, n.line);
+    if (!inserted) {
+      return fail(n.line, absl::StrCat("duplicate node '", n.id,
+                                       "' (first defined on line ",
+                                       it->second, ")"));
+    }
+    const std::pair<const char*, double> fields[] = {
+        {"forward_compute_time", n.forward_seconds},
+        {"backward_compute_time", n.backward_seconds},
+        {"activation_size", n.activation_bytes},
+        {"parameter_size", n.parameter_bytes}};
+    for (const auto& [name, value] : fields) {
+      if (!std::isfinite(value) || value < 0) {
+        return fail(n.line, absl::StrCat("node '", n.id, "': ", name,
+                                         " must be finite and >= 0, got ",
+                                         value));
+      }
+    }
+  }
+  absl::flat_hash_set<std::pair<int, int>> edge_set;
+  for (const Edge& e : edges_) {
+    if (e.from == e.to) {
+      return fail(e.line, absl::StrCat("self-loop on node '",
+                                       nodes_[e.from].id, "'"));
+    }
+    if (!edge_set.insert({e.from, e.to}).second) {
+      return fail(e.line, absl::StrCat("repeated edge '", nodes_[e.from].id,
+                                       " -- ", nodes_[e.to].id, "'"));
+    }
+  }
+  absl::StatusOr<std::vector<int>> order = TopologicalOrder();
+  if (!order.ok()) {
+    // Report an edge between two nodes left on the cycle.
+    std::vector<bool> placed(nodes_.size(), false);
+    std::vector<int> indegree(nodes_.size(), 0);
+    for (const Edge& e : edges_) ++indegree[e.to];
+    std::vector<int> ready;
+    for (int i = 0; i < num_nodes(); ++i) {
+      if (indegree[i] == 0) ready.push_back(i);
+    }
+    while (!ready.empty()) {
+      const int v = ready.back();
+      ready.pop_back();
+      placed[v] = true;
+      for (int w : succ_[v]) {
+        if (--indegree[w] == 0) ready.push_back(w);
+      }
+    }
+    for (const Edge& e : edges_) {
+      if (!placed[e.from] && !placed[e.to]) {
+        return fail(e.line, absl::StrCat("cycle through edge '",
+                                         nodes_[e.from].id, " -- ",
+                                         nodes_[e.to].id, "'"));
+      }
+    }
+    return fail(0, "graph has a cycle");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> Graph::TopologicalOrder() const {
+  std::vector<int> indegree(nodes_.size(), 0);
+  for (const Edge& e : edges_) ++indegree[e.to];
+  std::vector<int> order;
+  order.reserve(nodes_.size());
+  // A FIFO over insertion order keeps the order stable and readable.
+  std::vector<int> queue;
+  for (int i = 0; i < num_nodes(); ++i) {
+    if (indegree[i] == 0) queue.push_back(i);
+  }
+  for (size_t head = 0; head < queue.size(); ++head) {
+    const int v = queue[head];
+    order.push_back(v);
+    for (int w : succ_[v]) {
+      if (--indegree[w] == 0) queue.push_back(w);
+    }
+  }
+  if (order.size() != nodes_.size()) {
+    return absl::InvalidArgumentError("graph has a cycle");
+  }
+  return order;
+}
+
+double Graph::TotalComputeSeconds() const {
+  double total = 0;
+  for (const Node& n : nodes_) total += n.compute_seconds();
+  return total;
+}
+
+double Graph::TotalParameterBytes() const {
+  double total = 0;
+  for (const Node& n : nodes_) total += n.parameter_bytes;
+  return total;
+}
+
+}  // namespace partitioner
+}  // namespace apapo

@@ -1,0 +1,85 @@
+// Layer graph of a model: the partitioner's input. Nodes are layers with
+// their profiled costs (seconds per mini-batch, bytes); edges carry a layer's
+// output activation to its consumers.
+//
+// Thread-safety: a Graph is a value type. Const methods may be called from
+// several threads at once; mutation needs external synchronisation.
+//
+// Call order: AddNode / AddEdge freely, then Validate() once before handing
+// the graph to the optimizer (which assumes a valid DAG).
+
+#ifndef APAPO_PARTITIONER_GRAPH_H_
+#define APAPO_PARTITIONER_GRAPH_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace apapo {
+namespace partitioner {
+
+struct Node {
+  std::string id;           // as written in the input (e.g. "node17")
+  std::string description;  // e.g. "Conv2d(64, 96, ...)"; may be empty
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double activation_bytes = 0;  // output activation, per mini-batch
+  double parameter_bytes = 0;
+  int line = 0;  // source line in the input file, 0 if unknown
+
+  double compute_seconds() const { return forward_seconds + backward_seconds; }
+};
+
+struct Edge {
+  int from = 0;
+  int to = 0;
+  int line = 0;  // source line, 0 if unknown
+};
+
+class Graph {
+ public:
+  // Appends a node and returns its index. Duplicate ids are accepted here and
+  // reported by Validate(), so a parser can report every problem by line.
+  int AddNode(Node node);
+  // Adds an edge between node indices; out-of-range indices fail.
+  absl::Status AddEdge(int from, int to, int line = 0);
+
+  // Checks: non-empty, unique non-empty ids, finite non-negative costs,
+  // no self-loops or repeated edges, acyclic. On failure the message names the
+  // node or edge and, when `error_line` is non-null, receives its source line
+  // (0 if unknown).
+  absl::Status Validate(int* error_line = nullptr) const;
+
+  // Kahn order, ties broken by insertion order (deterministic). Fails on a
+  // cycle.
+  absl::StatusOr<std::vector<int>> TopologicalOrder() const;
+
+  // Index of the node with this id, or -1.
+  int FindNode(absl::string_view id) const;
+
+  int num_nodes() const { return static_cast<int>(nodes_.size()); }
+  const Node& node(int i) const { return nodes_[i]; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Edge>& edges() const { return edges_; }
+  const std::vector<int>& successors(int i) const { return succ_[i]; }
+  const std::vector<int>& predecessors(int i) const { return pred_[i]; }
+
+  double TotalComputeSeconds() const;
+  double TotalParameterBytes() const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Edge> edges_;
+  std::vector<std::vector<int>> succ_;
+  std::vector<std::vector<int>> pred_;
+  absl::flat_hash_map<std::string, int> index_;  // first node with each id
+};
+
+}  // namespace partitioner
+}  // namespace apapo
+
+#endif  // APAPO_PARTITIONER_GRAPH_H_

@@ -1,0 +1,66 @@
+#include "partitioner/graph.h"
+
+#include "gtest/gtest.h"
+
+namespace apapo {
+namespace partitioner {
+namespace {
+
+Node MakeNode(const std::string& id, double seconds = 1) {
+  Node n;
+  n.id = id;
+  n.forward_seconds = seconds;
+  return n;
+}
+
+TEST(GraphTest, TopologicalOrderFollowsEdges) {
+  Graph g;
+  const int a = g.AddNode(MakeNode("a"));
+  const int b = g.AddNode(MakeNode("b"));
+  const int c = g.AddNode(MakeNode("c"));
+  ASSERT_TRUE(g.AddEdge(c, b).ok());
+  ASSERT_TRUE(g.AddEdge(a, c).ok());
+  ASSERT_TRUE(g.Validate().ok());
+  absl::StatusOr<std::vector<int>> order = g.TopologicalOrder();
+  ASSERT_TRUE(order.ok());
+  EXPECT_EQ(*order, (std::vector<int>{a, c, b}));
+  EXPECT_EQ(g.FindNode("c"), c);
+  EXPECT_EQ(g.FindNode("zz"), -1);
+  EXPECT_DOUBLE_EQ(g.TotalComputeSeconds(), 3);
+}
+
+TEST(GraphTest, RejectsCycleWithTheEdgeLine) {
+  Graph g;
+  const int a = g.AddNode(MakeNode("a"));
+  const int b = g.AddNode(MakeNode("b"));
+  ASSERT_TRUE(g.AddEdge(a, b, 7).ok());
+  ASSERT_TRUE(g.AddEdge(b, a, 8).ok());
+  int line = -1;
+  absl::Status s = g.Validate(&line);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cycle"), std::string::npos) << s;
+  EXPECT_TRUE(line == 7 || line == 8);
+}
+
+TEST(GraphTest, RejectsBadValuesDuplicatesAndEmpty) {
+  EXPECT_FALSE(Graph().Validate().ok());
+  Graph dup;
+  dup.AddNode(MakeNode("a"));
+  dup.AddNode(MakeNode("a"));
+  EXPECT_NE(dup.Validate().message().find("duplicate"), std::string::npos);
+  Graph negative;
+  negative.AddNode(MakeNode("a", -1));
+  EXPECT_FALSE(negative.Validate().ok());
+  Graph nan;
+  nan.AddNode(MakeNode("a", std::nan("")));
+  EXPECT_FALSE(nan.Validate().ok());
+  Graph loop;
+  loop.AddNode(MakeNode("a"));
+  ASSERT_TRUE(loop.AddEdge(0, 0).ok());
+  EXPECT_FALSE(loop.Validate().ok());
+  EXPECT_FALSE(loop.AddEdge(0, 5).ok());
+}
+
+}  // namespace
+}  // namespace partitioner
+}  // namespace apapo

@@ -1,0 +1,1140 @@
+#include "partitioner/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace apapo {
+namespace partitioner {
+
+absl::StatusOr<CostModel> ParseCostModel(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "pipedream") return CostModel::kPipeDream;
+  if (lower == "apapo") return CostModel::kApapo;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown cost model '", name, "' (expected pipedream or apapo)"));
+}
+
+absl::string_view CostModelName(CostModel model) {
+  return model == CostModel::kPipeDream ? "pipedream" : "apapo";
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+using Bits = std::vector<uint64_t>;
+
+inline bool Test(const Bits& b, int i) { return (b[i >> 6] >> (i & 63)) & 1; }
+inline void Set(Bits* b, int i) { (*b)[i >> 6] |= uint64_t{1} << (i & 63); }
+inline bool SubsetOf(const Bits& a, const Bits& b) {
+  for (size_t w = 0; w < a.size(); ++w) {
+    if (a[w] & ~b[w]) return false;
+  }
+  return true;
+}
+
+struct BitsHash {
+  size_t operator()(const Bits& b) const {
+    return absl::HashOf(absl::MakeConstSpan(b.data(), b.size()));
+  }
+};
+
+// The graph the DP works on: the input minus the nodes PipeDream's optimizer
+// drops (Input* sources, then __getitem__ sinks), which are re-attached to the
+// first stage / their producer's stage afterwards.
+struct WorkGraph {
+  int n = 0;
+  std::vector<int> original;            // work index -> graph index
+  std::vector<int> work_of;             // graph index -> work index or -1
+  std::vector<std::vector<int>> succ, pred;
+  std::vector<int> topo;                // work indices
+  std::vector<double> compute, params, acts;
+};
+
+WorkGraph BuildWorkGraph(const Graph& graph) {
+  const int n = graph.num_nodes();
+  std::vector<bool> removed(n, false);
+  int removed_count = 0;
+  for (int v = 0; v < n; ++v) {
+    if (graph.predecessors(v).empty() &&
+        absl::StartsWith(graph.node(v).description, "Input")) {
+      removed[v] = true;
+      ++removed_count;
+    }
+  }
+  // Sinks of the graph after the inputs are gone.
+  for (int v = 0; v < n; ++v) {
+    if (removed[v] || !graph.successors(v).empty()) continue;
+    if (absl::StartsWith(graph.node(v).description, "__getitem__")) {
+      removed[v] = true;
+      ++removed_count;
+    }
+  }
+  if (removed_count == n) std::fill(removed.begin(), removed.end(), false);
+  WorkGraph w;
+  w.work_of.assign(n, -1);
+  for (int v = 0; v < n; ++v) {
+    if (removed[v]) continue;
+    w.work_of[v] = w.n++;
+    w.original.push_back(v);
+    const Node& node = graph.node(v);
+    w.compute.push_back(node.compute_seconds());
+    w.params.push_back(node.parameter_bytes);
+    w.acts.push_back(node.activation_bytes);
+  }
+  w.succ.resize(w.n);
+  w.pred.resize(w.n);
+  for (const Edge& e : graph.edges()) {
+    const int a = w.work_of[e.from], b = w.work_of[e.to];
+    if (a < 0 || b < 0) continue;
+    w.succ[a].push_back(b);
+    w.pred[b].push_back(a);
+  }
+  std::vector<int> indegree(w.n);
+  for (int v = 0; v < w.n; ++v) indegree[v] = w.pred[v].size();
+  for (int v = 0; v < w.n; ++v) {
+    if (indegree[v] == 0) w.topo.push_back(v);
+  }
+  for (size_t h = 0; h < w.topo.size(); ++h) {
+    for (int s : w.succ[w.topo[h]]) {
+      if (--indegree[s] == 0) w.topo.push_back(s);
+    }
+  }
+  return w;
+}
+
+// Ancestor bitsets (strict) over work nodes.
+std::vector<Bits> Ancestors(const WorkGraph& w) {
+  const int words = (w.n + 63) / 64;
+  std::vector<Bits> anc(w.n, Bits(words, 0));
+  for (int v : w.topo) {
+    for (int p : w.pred[v]) {
+      for (int i = 0; i < words; ++i) anc[v][i] |= anc[p][i];
+      Set(&anc[v], p);
+    }
+  }
+  return anc;
+}
+
+// A coarsening of the work graph: units are groups of work nodes whose
+// quotient is a DAG; DP states are ideals of the quotient.
+struct Units {
+  int n = 0;
+  std::vector<int> unit_of;                 // work node -> unit
+  std::vector<std::vector<int>> members;    // unit -> work nodes
+  std::vector<std::vector<int>> succ, pred;
+  std::vector<int> topo;
+  int first = 0;  // unit holding the first source (file order)
+};
+
+Units MakeUnits(const WorkGraph& w, std::vector<int> unit_of) {
+  Units u;
+  u.unit_of = std::move(unit_of);
+  u.n = 0;
+  for (int x : u.unit_of) u.n = std::max(u.n, x + 1);
+  u.members.resize(u.n);
+  for (int v : w.topo) u.members[u.unit_of[v]].push_back(v);
+  u.succ.resize(u.n);
+  u.pred.resize(u.n);
+  absl::flat_hash_set<std::pair<int, int>> seen;
+  for (int v = 0; v < w.n; ++v) {
+    for (int s : w.succ[v]) {
+      const int a = u.unit_of[v], b = u.unit_of[s];
+      if (a != b && seen.insert({a, b}).second) {
+        u.succ[a].push_back(b);
+        u.pred[b].push_back(a);
+      }
+    }
+  }
+  std::vector<int> indegree(u.n);
+  for (int x = 0; x < u.n; ++x) indegree[x] = u.pred[x].size();
+  for (int x = 0; x < u.n; ++x) {
+    if (indegree[x] == 0) u.topo.push_back(x);
+  }
+  for (size_t h = 0; h < u.topo.size(); ++h) {
+    for (int s : u.succ[u.topo[h]]) {
+      if (--indegree[s] == 0) u.topo.push_back(s);
+    }
+  }
+  int first_source = 0;
+  for (int v = 0; v < w.n; ++v) {
+    if (w.pred[v].empty()) {
+      first_source = v;
+      break;
+    }
+  }
+  u.first = u.unit_of[first_source];
+  return u;
+}
+
+// Enumerates ideals of the unit DAG reachable from {} by adding the closure of
+// the first source, then of any successor of the current ideal. Returns false
+// when more than `cap` states exist (cap < 0: unlimited).
+bool EnumerateIdeals(const Units& u, int64_t cap, std::vector<Bits>* out) {
+  const int words = (u.n + 63) / 64;
+  std::vector<Bits> closure(u.n, Bits(words, 0));  // ancestors + self
+  for (int x : u.topo) {
+    for (int p : u.pred[x]) {
+      for (int i = 0; i < words; ++i) closure[x][i] |= closure[p][i];
+    }
+    Set(&closure[x], x);
+  }
+  absl::flat_hash_set<Bits, BitsHash> seen;
+  std::vector<Bits> states;
+  Bits empty(words, 0);
+  states.push_back(empty);
+  seen.insert(empty);
+  Bits full(words, 0);
+  for (int x = 0; x < u.n; ++x) Set(&full, x);
+  std::vector<int> stamp(u.n, -1);
+  for (size_t h = 0; h < states.size(); ++h) {
+    const Bits current = states[h];
+    std::vector<int> candidates;
+    if (h == 0) {
+      candidates.push_back(u.first);
+    } else {
+      for (int x = 0; x < u.n; ++x) {
+        if (!Test(current, x)) continue;
+        for (int s : u.succ[x]) {
+          if (!Test(current, s) && stamp[s] != static_cast<int>(h)) {
+            stamp[s] = h;
+            candidates.push_back(s);
+          }
+        }
+      }
+    }
+    for (int s : candidates) {
+      Bits next = current;
+      for (int i = 0; i < words; ++i) next[i] |= closure[s][i];
+      if (seen.insert(next).second) {
+        states.push_back(std::move(next));
+        if (cap >= 0 && static_cast<int64_t>(states.size()) > cap) return false;
+      }
+    }
+  }
+  if (seen.insert(full).second) states.push_back(full);
+  if (cap >= 0 && static_cast<int64_t>(states.size()) > cap) return false;
+  *out = std::move(states);
+  return true;
+}
+
+// Nodes comparable with every other node: cuts right after them are clean
+// and they are never merged away.
+std::vector<bool> TrunkNodes(const WorkGraph& w, const std::vector<Bits>& anc) {
+  // Descendant bitsets in reverse topological order, then popcounts.
+  const int words = (w.n + 63) / 64;
+  std::vector<Bits> desc(w.n, Bits(words, 0));
+  for (auto it = w.topo.rbegin(); it != w.topo.rend(); ++it) {
+    const int v = *it;
+    for (int s : w.succ[v]) {
+      for (int i = 0; i < words; ++i) desc[v][i] |= desc[s][i];
+      Set(&desc[v], s);
+    }
+  }
+  std::vector<bool> trunk(w.n);
+  for (int v = 0; v < w.n; ++v) {
+    int related = 0;
+    for (int i = 0; i < words; ++i) {
+      related += __builtin_popcountll(anc[v][i] | desc[v][i]);
+    }
+    trunk[v] = related + 1 == w.n;
+  }
+  return trunk;
+}
+
+// Merges in-branch chain links (u -> v with out(u) = in(v) = 1, not both on
+// the trunk) into pieces of at most `max_piece` nodes.
+std::vector<int> MergeBranchChains(const WorkGraph& w,
+                                   const std::vector<bool>& trunk,
+                                   int max_piece) {
+  std::vector<int> unit(w.n, -1);
+  std::vector<int> piece_size;
+  int next = 0;
+  for (int v : w.topo) {
+    if (w.pred[v].size() == 1) {
+      const int p = w.pred[v][0];
+      if (w.succ[p].size() == 1 && !(trunk[p] && trunk[v]) &&
+          piece_size[unit[p]] < max_piece) {
+        unit[v] = unit[p];
+        ++piece_size[unit[v]];
+        continue;
+      }
+    }
+    unit[v] = next++;
+    piece_size.push_back(1);
+  }
+  return unit;
+}
+
+// Cuts a topological order into at most `blocks` equal-compute blocks.
+std::vector<int> TopologicalBlocks(const WorkGraph& w, int blocks) {
+  double total = 0;
+  for (double c : w.compute) total += c;
+  const int n = w.n;
+  blocks = std::max(1, std::min(blocks, n));
+  std::vector<int> unit(n, 0);
+  double done = 0;
+  int last = -1, dense = -1;
+  for (int idx = 0; idx < n; ++idx) {
+    const int v = w.topo[idx];
+    const int b =
+        total > 0
+            ? std::min(blocks - 1, static_cast<int>(done / total * blocks))
+            : static_cast<int>(static_cast<int64_t>(idx) * blocks / n);
+    if (b != last) {
+      last = b;
+      ++dense;
+    }
+    unit[v] = dense;
+    done += w.compute[v];
+  }
+  return unit;
+}
+
+// Per-state quantities, evaluated on work nodes (so exact for each cut
+// whatever coarsening produced the state).
+struct States {
+  Units units;
+  std::vector<Bits> sets;  // over units, sorted by size, [0] = {}, back = all
+  std::vector<double> compute, params, acts, out;
+  int full = 0;
+  std::string search;
+  bool exact = true;
+};
+
+class OutActivation {
+ public:
+  OutActivation(const WorkGraph& w, CostModel model) : w_(w), model_(model) {
+    in_.assign(w.n, 0);
+    stamp_.assign(w.n, 0);
+    if (model == CostModel::kPipeDream) extra_.resize(w.n);
+  }
+
+  // Activation bytes the cut after ideal `in` (a 0/1 vector) must send.
+  double operator()(const std::vector<char>& in) {
+    double total = 0;
+    if (model_ == CostModel::kApapo) {
+      for (int v = 0; v < w_.n; ++v) {
+        if (!in[v]) continue;
+        for (int s : w_.succ[v]) {
+          if (!in[s]) {
+            total += w_.acts[v];
+            break;
+          }
+        }
+      }
+      return total;
+    }
+    // PipeDream: the augmented antichain = maximal nodes a of the ideal plus
+    // every ancestor p of a with an out-edge leaving anc(a) + {a}.
+    ++epoch_;
+    for (int a = 0; a < w_.n; ++a) {
+      if (!in[a]) continue;
+      bool maximal = true;
+      for (int s : w_.succ[a]) {
+        if (in[s]) {
+          maximal = false;
+          break;
+        }
+      }
+      if (!maximal) continue;
+      if (stamp_[a] != epoch_) {
+        stamp_[a] = epoch_;
+        total += w_.acts[a];
+      }
+      for (int p : Extra(a)) {
+        if (stamp_[p] != epoch_) {
+          stamp_[p] = epoch_;
+          total += w_.acts[p];
+        }
+      }
+    }
+    return total;
+  }
+
+ private:
+  const std::vector<int>& Extra(int a) {
+    if (computed_.empty()) computed_.assign(w_.n, false);
+    if (computed_[a]) return extra_[a];
+    computed_[a] = true;
+    // anc(a) by DFS.
+    std::vector<int> stack = {a};
+    std::vector<int> ancestors;
+    ++epoch_anc_;
+    if (mark_.empty()) mark_.assign(w_.n, 0);
+    while (!stack.empty()) {
+      const int v = stack.back();
+      stack.pop_back();
+      for (int p : w_.pred[v]) {
+        if (mark_[p] != epoch_anc_) {
+          mark_[p] = epoch_anc_;
+          ancestors.push_back(p);
+          stack.push_back(p);
+        }
+      }
+    }
+    for (int p : ancestors) {
+      for (int o : w_.succ[p]) {
+        if (o != a && mark_[o] != epoch_anc_) {
+          extra_[a].push_back(p);
+          break;
+        }
+      }
+    }
+    return extra_[a];
+  }
+
+  const WorkGraph& w_;
+  CostModel model_;
+  std::vector<char> in_;
+  std::vector<int> stamp_;
+  int epoch_ = 0;
+  std::vector<std::vector<int>> extra_;
+  std::vector<bool> computed_;
+  std::vector<int> mark_;
+  int epoch_anc_ = 0;
+};
+
+States BuildStates(const WorkGraph& w, const Units& units,
+                   std::vector<Bits> sets, CostModel model) {
+  States st;
+  st.units = units;
+  // Sort by number of work nodes (then keep enumeration order).
+  std::vector<int> size(sets.size(), 0);
+  for (size_t s = 0; s < sets.size(); ++s) {
+    for (int x = 0; x < units.n; ++x) {
+      if (Test(sets[s], x)) size[s] += units.members[x].size();
+    }
+  }
+  std::vector<int> order(sets.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return size[a] < size[b]; });
+  OutActivation out(w, model);
+  std::vector<char> in(w.n);
+  for (int s : order) {
+    std::fill(in.begin(), in.end(), 0);
+    double c = 0, p = 0, a = 0;
+    for (int x = 0; x < units.n; ++x) {
+      if (!Test(sets[s], x)) continue;
+      for (int v : units.members[x]) {
+        in[v] = 1;
+        c += w.compute[v];
+        p += w.params[v];
+        a += w.acts[v];
+      }
+    }
+    st.compute.push_back(c);
+    st.params.push_back(p);
+    st.acts.push_back(a);
+    st.out.push_back(out(in));
+    st.sets.push_back(std::move(sets[s]));
+  }
+  st.full = st.sets.size() - 1;
+  return st;
+}
+
+// Builds the state family under `cap` (see the header).
+States MakeStates(const WorkGraph& w, CostModel model, int64_t cap) {
+  std::vector<int> identity(w.n);
+  std::iota(identity.begin(), identity.end(), 0);
+  Units units = MakeUnits(w, identity);
+  std::vector<Bits> sets;
+  if (EnumerateIdeals(units, cap, &sets)) {
+    States st = BuildStates(w, units, std::move(sets), model);
+    st.search = absl::StrCat("exact: ", st.sets.size(), " ideals");
+    return st;
+  }
+  const std::vector<Bits> anc = Ancestors(w);
+  const std::vector<bool> trunk = TrunkNodes(w, anc);
+  int previous_units = w.n;
+  for (int piece = 2;; piece *= 2) {
+    const bool whole = piece >= w.n;
+    units = MakeUnits(w, MergeBranchChains(w, trunk, whole ? w.n : piece));
+    if (units.n < previous_units && EnumerateIdeals(units, cap, &sets)) {
+      States st = BuildStates(w, units, std::move(sets), model);
+      st.exact = false;
+      st.search = absl::StrCat("branch chains merged into pieces of <= ",
+                               whole ? w.n : piece, " layers: ",
+                               st.sets.size(), " ideals");
+      return st;
+    }
+    previous_units = std::min(previous_units, units.n);
+    if (whole) break;
+  }
+  const int blocks = static_cast<int>(std::max<int64_t>(1, cap - 2));
+  units = MakeUnits(w, TopologicalBlocks(w, blocks));
+  sets.clear();
+  EnumerateIdeals(units, -1, &sets);
+  States st = BuildStates(w, units, std::move(sets), model);
+  st.exact = false;
+  st.search = absl::StrCat("topological order in ", units.n,
+                           " equal-compute blocks: ", st.sets.size(),
+                           " states");
+  return st;
+}
+
+// One level's DP tables: for each start state i in `starts`, value and choice
+// for every end j and unit count m in [0, M].
+struct LevelTable {
+  int S = 0;
+  int M = 0;
+  std::vector<int> start_index;  // state -> row, or -1
+  std::vector<double> value;     // [row][j][m]
+  std::vector<int> choice_k;     // last cut (== start: single stage)
+  std::vector<int> choice_y;     // units of the last stage
+  size_t At(int row, int j, int m) const {
+    return (static_cast<size_t>(row) * S + j) * (M + 1) + m;
+  }
+  double Value(int start, int j, int m) const {
+    return value[At(start_index[start], j, m)];
+  }
+};
+
+struct LevelContext {
+  const States* st;
+  CostModel model;
+  double rho;
+  double bandwidth;
+  int inner_fanout;          // n_{l-1} (1 at level 0)
+  const LevelTable* inner;   // nullptr at level 0
+  double speed;              // level-0 compute speed
+  // Memory (level 0 only).
+  double memory = 0;
+  int total_workers = 1;
+  bool single_level = true;
+  schedule::ScheduleKind kind = schedule::ScheduleKind::kAsync;
+};
+
+// Memory of a stage holding `params`/`acts` with y replicas and `depth`
+// micro-batches in flight under the schedule.
+double StageMemory(schedule::ScheduleKind kind, double params, double acts,
+                   int depth) {
+  int versions = 1;
+  if (kind == schedule::ScheduleKind::kAsync) versions = depth;
+  if (kind == schedule::ScheduleKind::k2BW) versions = 2;
+  return versions * params + depth * acts;
+}
+
+std::vector<std::vector<int>> ProperSubsets(const States& st) {
+  // States are sorted by size, so only earlier states can be proper subsets.
+  const int S = st.sets.size();
+  std::vector<int> size(S, 0);
+  for (int j = 0; j < S; ++j) {
+    for (uint64_t x : st.sets[j]) size[j] += __builtin_popcountll(x);
+  }
+  std::vector<std::vector<int>> sub(S);
+  for (int j = 0; j < S; ++j) {
+    for (int k = 0; k < j; ++k) {
+      if (size[k] < size[j] && SubsetOf(st.sets[k], st.sets[j])) {
+        sub[j].push_back(k);
+      }
+    }
+  }
+  return sub;
+}
+
+// Solves one level for the given start states.
+LevelTable SolveLevel(const LevelContext& ctx, int M,
+                      const std::vector<int>& starts,
+                      const std::vector<std::vector<int>>& sub) {
+  const States& st = *ctx.st;
+  const int S = st.sets.size();
+  LevelTable t;
+  t.S = S;
+  t.M = M;
+  t.start_index.assign(S, -1);
+  for (size_t r = 0; r < starts.size(); ++r) t.start_index[starts[r]] = r;
+  const size_t cells = starts.size() * static_cast<size_t>(S) * (M + 1);
+  t.value.assign(cells, kInf);
+  t.choice_k.assign(cells, -1);
+  t.choice_y.assign(cells, 0);
+
+  std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1);
+  std::vector<int> targ(M + 1);
+  for (int y = 1; y <= M; ++y) {
+    inv[y] = 1.0 / y;
+    frac4[y] = 4.0 * (y - 1) / y;
+  }
+  std::vector<char> is_super(S);
+  for (size_t r = 0; r < starts.size(); ++r) {
+    const int i = starts[r];
+    for (int k = 0; k < S; ++k) {
+      is_super[k] = k == i || SubsetOf(st.sets[i], st.sets[k]);
+    }
+    for (int m = 0; m <= M; ++m) t.value[t.At(r, i, m)] = 0;
+    for (int j = 0; j < S; ++j) {
+      if (j == i || !is_super[j]) continue;
+      double* best = &t.value[t.At(r, j, 0)];
+      int* bk = &t.choice_k[t.At(r, j, 0)];
+      int* by = &t.choice_y[t.At(r, j, 0)];
+      for (int k : sub[j]) {
+        if (!is_super[k]) continue;
+        const bool first = k == i;
+        double base;
+        if (ctx.inner == nullptr) {
+          base = (st.compute[j] - st.compute[k]) / ctx.speed;
+        } else {
+          base = ctx.inner->Value(k, j, ctx.inner->M);
+        }
+        if (!(base < kInf)) continue;
+        const double params = st.params[j] - st.params[k];
+        const double acts = st.acts[j] - st.acts[k];
+        // Transfer terms (seconds with one replica).
+        double transfer = 0;
+        const bool pipedream = ctx.model == CostModel::kPipeDream;
+        if (!(pipedream && first)) {
+          if (!first || i != 0) {
+            transfer = std::max(transfer, 2.0 * st.out[k] /
+                                              (ctx.bandwidth * ctx.rho));
+          }
+          if (j != st.full) {
+            transfer = std::max(transfer, 2.0 * st.out[j] /
+                                              (ctx.bandwidth * ctx.rho));
+          }
+        }
+        const double ar_divisor =
+            (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
+        // T(k, j, y) for y = 1..M, then its prefix minimum.
+        // AR(P, y) = 4 (y-1) P / (bw y), divided by the inner fan-out.
+        const double ar_coef = params / (ctx.bandwidth * ar_divisor);
+        for (int y = 1; y <= M; ++y) {
+          tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
+        }
+        const bool memory_binds =
+            ctx.memory > 0 && ctx.inner == nullptr &&
+            StageMemory(ctx.kind, params, acts, ctx.total_workers) > ctx.memory;
+        if (memory_binds) {
+          // Exact but O(M^2): the in-flight depth depends on how many workers
+          // remain downstream, ceil((y + M - m) / y) on one level.
+          for (int m = 1; m <= M; ++m) {
+            for (int y = 1; y <= m; ++y) {
+              const int downstream =
+                  ctx.single_level ? ctx.total_workers - m : ctx.total_workers;
+              const int depth = (y + downstream + y - 1) / y;
+              if (StageMemory(ctx.kind, params, acts, depth) > ctx.memory) {
+                continue;
+              }
+              const double prefix =
+                  first ? 0.0 : t.value[t.At(r, k, m - y)];
+              const double cand = std::max(prefix, tv[y]);
+              if (cand < best[m]) {
+                best[m] = cand;
+                bk[m] = k;
+                by[m] = y;
+              }
+            }
+          }
+          continue;
+        }
+        tmin[0] = kInf;
+        for (int y = 1; y <= M; ++y) {
+          if (tv[y] < tmin[y - 1]) {
+            tmin[y] = tv[y];
+            targ[y] = y;
+          } else {
+            tmin[y] = tmin[y - 1];
+            targ[y] = targ[y - 1];
+          }
+        }
+        if (first) {
+          for (int m = 1; m <= M; ++m) {
+            if (tmin[m] < best[m]) {
+              best[m] = tmin[m];
+              bk[m] = k;
+              by[m] = targ[m];
+            }
+          }
+          continue;
+        }
+        const double* a = &t.value[t.At(r, k, 0)];
+        // f_m(y) = max(a[m - y], tmin[y]): a[m-y] rises with y, tmin falls.
+        // ystar(m) = smallest y with a[m - y] >= tmin[y]; non-decreasing in m.
+        int ystar = 1;
+        for (int m = 1; m <= M; ++m) {
+          if (ystar > m) ystar = m;
+          while (ystar < m && a[m - ystar] < tmin[ystar]) ++ystar;
+          // Candidate at ystar and ystar - 1.
+          double cand = std::max(a[m - ystar], tmin[ystar]);
+          int cy = ystar;
+          if (ystar > 1) {
+            const double c2 = std::max(a[m - ystar + 1], tmin[ystar - 1]);
+            if (c2 < cand) {
+              cand = c2;
+              cy = ystar - 1;
+            }
+          }
+          if (cand < best[m]) {
+            best[m] = cand;
+            bk[m] = k;
+            by[m] = targ[cy];
+          }
+        }
+      }
+      // At most m units: non-increasing in m.
+      for (int m = 1; m <= M; ++m) {
+        if (best[m - 1] <= best[m]) {
+          best[m] = best[m - 1];
+          bk[m] = bk[m - 1];
+          by[m] = by[m - 1];
+        }
+      }
+    }
+  }
+  return t;
+}
+
+struct FlatStage {
+  int k = 0, j = 0;
+  std::vector<int> workers;
+};
+
+// Expands the level-l solution of segment (i, j) with m units, replicated
+// over `copies` (each a list of m unit ids at level l), into level-0 stages.
+void Flatten(const std::vector<LevelTable>& tables,
+             const std::vector<Level>& levels, int l, int i, int j, int m,
+             const std::vector<std::vector<int>>& copies,
+             std::vector<FlatStage>* out) {
+  const LevelTable& t = tables[l];
+  // Walk back from j.
+  std::vector<std::pair<int, int>> segments;  // (k, y) from last to first
+  int cur = j, units = m;
+  while (cur != i) {
+    const size_t at = t.At(t.start_index[i], cur, units);
+    const int k = t.choice_k[at];
+    const int y = t.choice_y[at];
+    segments.push_back({k, y});
+    units -= y;
+    cur = k;
+  }
+  std::reverse(segments.begin(), segments.end());
+  int end_prev = i;
+  int offset = 0;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const int k = segments[s].first;
+    const int y = segments[s].second;
+    const int seg_end = s + 1 < segments.size() ? segments[s + 1].first : j;
+    (void)end_prev;
+    if (l == 0) {
+      FlatStage fs;
+      fs.k = k;
+      fs.j = seg_end;
+      for (const std::vector<int>& copy : copies) {
+        for (int r = 0; r < y; ++r) fs.workers.push_back(copy[offset + r]);
+      }
+      out->push_back(std::move(fs));
+    } else {
+      const int fan = levels[l - 1].fanout;
+      std::vector<std::vector<int>> inner;
+      for (const std::vector<int>& copy : copies) {
+        for (int r = 0; r < y; ++r) {
+          std::vector<int> sub(fan);
+          for (int q = 0; q < fan; ++q) sub[q] = copy[offset + r] * fan + q;
+          inner.push_back(std::move(sub));
+        }
+      }
+      Flatten(tables, levels, l - 1, k, seg_end, fan, inner, out);
+    }
+    offset += y;
+    end_prev = seg_end;
+  }
+}
+
+// Smallest level whose groups contain all `workers` (0 = innermost).
+int SpanLevel(const Cluster& cluster, const std::vector<int>& workers) {
+  int64_t group = 1;
+  for (size_t l = 0; l < cluster.levels.size(); ++l) {
+    group *= cluster.levels[l].fanout;
+    bool same = true;
+    for (int w : workers) {
+      if (w / group != workers.front() / group) {
+        same = false;
+        break;
+      }
+    }
+    if (same) return l;
+  }
+  return cluster.levels.size() - 1;
+}
+
+int DefaultMicroBatches(const PlannerOptions& options,
+                        const std::vector<int>& replicas) {
+  if (options.micro_batches > 0) return options.micro_batches;
+  // Every replica gets at least one micro-batch per iteration.
+  int64_t need = *std::max_element(replicas.begin(), replicas.end());
+  const int p = replicas.size();
+  using schedule::ScheduleKind;
+  if (options.schedule == ScheduleKind::kGPipe ||
+      options.schedule == ScheduleKind::k1F1BFlush) {
+    need = std::max<int64_t>(need, 4 * p);
+  } else if (options.schedule == ScheduleKind::k2BW) {
+    // floor(m / R_s) must cover stage s's in-flight depth.
+    int64_t downstream = 0;
+    for (int s = p - 1; s >= 0; --s) {
+      downstream += replicas[s];
+      const int64_t depth = (downstream + replicas[s] - 1) / replicas[s];
+      need = std::max(need, depth * replicas[s]);
+    }
+  }
+  return static_cast<int>(std::min<int64_t>(need, 1 << 20));
+}
+
+// Fills per-stage metrics and plan-level predictions from flattened stages.
+absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
+                        const States& st, const Cluster& cluster,
+                        const PlannerOptions& options,
+                        const std::vector<FlatStage>& flat, double dp_value,
+                        Plan* plan) {
+  plan->schedule = options.schedule;
+  plan->cost_model = options.cost_model;
+  plan->bottleneck_seconds = dp_value;
+  plan->single_worker_seconds = st.compute[st.full];
+  const int p = flat.size();
+  std::vector<int> replicas;
+  for (const FlatStage& f : flat) replicas.push_back(f.workers.size());
+  plan->micro_batches = DefaultMicroBatches(options, replicas);
+  schedule::ScheduleOptions sched;
+  sched.kind = options.schedule;
+  sched.num_stages = p;
+  sched.replicas = replicas;
+  sched.micro_batches_per_iteration = plan->micro_batches;
+  sched.num_iterations = 1;
+  sched.max_in_flight = options.max_in_flight;
+  if (absl::Status s = schedule::ValidateScheduleOptions(sched); !s.ok()) {
+    return s;
+  }
+  // Stage of each work node.
+  std::vector<int> stage_of_work(w.n, -1);
+  for (int s = 0; s < p; ++s) {
+    const Bits& hi = st.sets[flat[s].j];
+    const Bits& lo = st.sets[flat[s].k];
+    for (int x = 0; x < st.units.n; ++x) {
+      if (Test(hi, x) && !Test(lo, x)) {
+        for (int v : st.units.members[x]) stage_of_work[v] = s;
+      }
+    }
+  }
+  std::vector<int> stage_of(graph.num_nodes(), -1);
+  for (int v = 0; v < w.n; ++v) stage_of[w.original[v]] = stage_of_work[v];
+  absl::StatusOr<std::vector<int>> topo = graph.TopologicalOrder();
+  if (!topo.ok()) return topo.status();
+  // Re-attach dropped nodes: sources to the stage of their first consumer
+  // (the first stage for Input*), sinks to their producer's stage.
+  for (int v : *topo) {
+    if (stage_of[v] >= 0) continue;
+    if (graph.predecessors(v).empty()) {
+      stage_of[v] = 0;
+    } else {
+      int s = 0;
+      for (int q : graph.predecessors(v)) s = std::max(s, stage_of[q]);
+      stage_of[v] = s;
+    }
+  }
+  plan->stages.assign(p, StagePlan());
+  for (int v : *topo) plan->stages[stage_of[v]].nodes.push_back(v);
+  const double rho = options.activation_compression_ratio;
+  const bool pipedream = options.cost_model == CostModel::kPipeDream;
+  double bottleneck = 0;
+  double busy_sum = 0;
+  plan->num_workers = 0;
+  for (int s = 0; s < p; ++s) {
+    StagePlan& stage = plan->stages[s];
+    const FlatStage& f = flat[s];
+    stage.workers = f.workers;
+    stage.replicas = f.workers.size();
+    plan->num_workers += stage.replicas;
+    double slowest = kInf;
+    for (int worker : f.workers) slowest = std::min(slowest, cluster.speed(worker));
+    const int r = stage.replicas;
+    const double compute = st.compute[f.j] - st.compute[f.k];
+    stage.parameter_bytes = st.params[f.j] - st.params[f.k];
+    stage.activation_bytes = st.acts[f.j] - st.acts[f.k];
+    stage.compute_seconds = compute / (r * slowest);
+    const double ar_bw =
+        cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
+    stage.allreduce_seconds =
+        4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r;
+    double comm = 0;
+    if (!(pipedream && s == 0)) {
+      if (s > 0) {
+        std::vector<int> both = f.workers;
+        both.insert(both.end(), flat[s - 1].workers.begin(),
+                    flat[s - 1].workers.end());
+        const double bw = cluster.levels[SpanLevel(cluster, both)].bandwidth;
+        comm = std::max(comm, 2.0 * st.out[f.k] / (bw * r * rho));
+      }
+      if (s + 1 < p) {
+        std::vector<int> both = f.workers;
+        both.insert(both.end(), flat[s + 1].workers.begin(),
+                    flat[s + 1].workers.end());
+        const double bw = cluster.levels[SpanLevel(cluster, both)].bandwidth;
+        comm = std::max(comm, 2.0 * st.out[f.j] / (bw * r * rho));
+      }
+    }
+    stage.comm_seconds = comm;
+    stage.allreduce_bandwidth = ar_bw;
+    for (int v : stage.nodes) {
+      stage.forward_seconds += graph.node(v).forward_seconds;
+      stage.backward_seconds += graph.node(v).backward_seconds;
+    }
+    if (s + 1 < p) {
+      std::vector<int> both = f.workers;
+      both.insert(both.end(), flat[s + 1].workers.begin(),
+                  flat[s + 1].workers.end());
+      stage.output_bandwidth =
+          cluster.levels[SpanLevel(cluster, both)].bandwidth;
+      stage.output_bytes = st.out[f.j] / rho;
+    }
+    stage.time_seconds =
+        std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
+    bottleneck = std::max(bottleneck, stage.time_seconds);
+    busy_sum += stage.time_seconds;
+    absl::StatusOr<schedule::StageScheduleStats> stats =
+        schedule::AnalyzeStage(sched, s);
+    if (!stats.ok()) return stats.status();
+    stage.weight_versions = stats->weight_versions;
+    stage.in_flight = stats->max_activations_in_flight;
+    stage.staleness = stats->max_staleness;
+    stage.peak_memory_bytes = stage.weight_versions * stage.parameter_bytes +
+                              stage.in_flight * stage.activation_bytes;
+  }
+  // The DP's value is the cost model's prediction on a homogeneous cluster;
+  // with heterogeneous workers the matched stage times decide.
+  if (cluster.heterogeneous() || dp_value <= 0) {
+    plan->bottleneck_seconds = bottleneck;
+  }
+  const double t = plan->bottleneck_seconds;
+  if (schedule::IsAsynchronous(options.schedule) || p == 1) {
+    plan->seconds_per_mini_batch = t;
+    plan->bubble_fraction = t > 0 ? 1.0 - busy_sum / (p * t) : 0;
+    if (options.schedule == schedule::ScheduleKind::kDataParallel) {
+      plan->bubble_fraction = 0;
+    }
+  } else {
+    // Flush: an iteration of m micro-batches takes about (m + p - 1) t.
+    const double m = plan->micro_batches;
+    plan->seconds_per_mini_batch = t * (m + p - 1) / m;
+    plan->bubble_fraction =
+        t > 0 ? 1.0 - busy_sum * m / (p * t * (m + p - 1)) : 0;
+  }
+  plan->mini_batches_per_second =
+      plan->seconds_per_mini_batch > 0 ? 1.0 / plan->seconds_per_mini_batch
+                                       : 0;
+  plan->samples_per_second = plan->mini_batches_per_second * options.batch_size;
+  if (cluster.memory_bytes > 0) {
+    for (int s = 0; s < p; ++s) {
+      if (plan->stages[s].peak_memory_bytes > cluster.memory_bytes) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "stage %d needs %.4g B (%d weight versions x %.4g B + %d "
+            "micro-batches x %.4g B) but a device has %.4g B",
+            s, plan->stages[s].peak_memory_bytes,
+            plan->stages[s].weight_versions, plan->stages[s].parameter_bytes,
+            plan->stages[s].in_flight, plan->stages[s].activation_bytes,
+            cluster.memory_bytes));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NothingFits(const Graph& graph, const Cluster& cluster,
+                         const PlannerOptions& options) {
+  int worst = 0;
+  double worst_bytes = 0;
+  for (int v = 0; v < graph.num_nodes(); ++v) {
+    const Node& n = graph.node(v);
+    const double bytes = StageMemory(options.schedule, n.parameter_bytes,
+                                     n.activation_bytes, 1);
+    if (bytes > worst_bytes) {
+      worst_bytes = bytes;
+      worst = v;
+    }
+  }
+  if (worst_bytes > cluster.memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "no plan fits in %.4g B per device: layer '%s' alone needs %.4g B "
+        "(parameters + one micro-batch of activations)",
+        cluster.memory_bytes, graph.node(worst).id, worst_bytes));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "no plan fits in %.4g B per device on %d workers: the weight versions "
+      "and in-flight activations of schedule %s exceed it for every cut "
+      "(try more workers, more memory, --max_in_flight, or 2bw/1f1b_flush)",
+      cluster.memory_bytes, cluster.num_workers(),
+      schedule::ScheduleKindName(options.schedule)));
+}
+
+int64_t StateCap(const PlannerOptions& options, const Cluster& cluster) {
+  if (options.max_states < 0) return -1;
+  if (options.max_states > 0) return options.max_states;
+  // Work budget: single level ~ S^2/2 * M pair-steps; multi-level inner
+  // levels ~ S^3/6 * n.
+  if (cluster.levels.size() == 1) {
+    constexpr double kBudget = 3e7;
+    const double m = std::max(1, cluster.num_workers());
+    return static_cast<int64_t>(
+        std::clamp(std::sqrt(2 * kBudget / m), 64.0, 3000.0));
+  }
+  constexpr double kBudget = 2e7;
+  int max_inner = 1;
+  for (size_t l = 0; l + 1 < cluster.levels.size(); ++l) {
+    max_inner = std::max(max_inner, cluster.levels[l].fanout);
+  }
+  const double inner_levels = cluster.levels.size() - 1;
+  return static_cast<int64_t>(std::clamp(
+      std::cbrt(6 * kBudget / (max_inner * inner_levels)), 48.0, 300.0));
+}
+
+absl::Status CheckInputs(const Graph& graph, const Cluster& cluster,
+                         const PlannerOptions& options) {
+  if (graph.num_nodes() == 0) {
+    return absl::InvalidArgumentError("empty graph: no nodes");
+  }
+  if (cluster.levels.empty() || cluster.num_workers() < 1) {
+    return absl::InvalidArgumentError("the cluster has no workers");
+  }
+  if (!(options.activation_compression_ratio > 0) ||
+      !std::isfinite(options.activation_compression_ratio)) {
+    return absl::InvalidArgumentError(
+        "activation compression ratio must be > 0");
+  }
+  if (options.schedule == schedule::ScheduleKind::kDataParallel) {
+    return absl::InvalidArgumentError(
+        "schedule dp is not a pipeline; use DataParallelPlan");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
+                                  const PlannerOptions& options) {
+  if (absl::Status s = CheckInputs(graph, cluster, options); !s.ok()) return s;
+  const WorkGraph w = BuildWorkGraph(graph);
+  const int64_t cap = StateCap(options, cluster);
+  const States st = MakeStates(w, options.cost_model, cap);
+  const std::vector<std::vector<int>> sub = ProperSubsets(st);
+  double mean_speed = 0;
+  for (int worker = 0; worker < cluster.num_workers(); ++worker) {
+    mean_speed += cluster.speed(worker);
+  }
+  mean_speed /= cluster.num_workers();
+
+  const int L = cluster.levels.size();
+  std::vector<LevelTable> tables(L);
+  std::vector<int> all_starts;
+  for (int i = 0; i < static_cast<int>(st.sets.size()); ++i) {
+    if (i != st.full) all_starts.push_back(i);
+  }
+  for (int l = 0; l < L; ++l) {
+    LevelContext ctx;
+    ctx.st = &st;
+    ctx.model = options.cost_model;
+    ctx.rho = options.activation_compression_ratio;
+    ctx.bandwidth = cluster.levels[l].bandwidth;
+    ctx.inner_fanout = l == 0 ? 1 : cluster.levels[l - 1].fanout;
+    ctx.inner = l == 0 ? nullptr : &tables[l - 1];
+    ctx.speed = mean_speed;
+    ctx.memory = cluster.memory_bytes;
+    ctx.total_workers = cluster.num_workers();
+    ctx.single_level = L == 1;
+    ctx.kind = options.schedule;
+    const bool final_level = l == L - 1;
+    tables[l] = SolveLevel(ctx, cluster.levels[l].fanout,
+                           final_level ? std::vector<int>{0} : all_starts, sub);
+  }
+  const int top_units = cluster.levels[L - 1].fanout;
+  const double value = tables[L - 1].Value(0, st.full, top_units);
+  if (!(value < kInf)) return NothingFits(graph, cluster, options);
+  std::vector<int> units(top_units);
+  std::iota(units.begin(), units.end(), 0);
+  std::vector<FlatStage> flat;
+  Flatten(tables, cluster.levels, L - 1, 0, st.full, top_units, {units},
+          &flat);
+
+  // Heterogeneous workers: hand the fastest workers to the stages with the
+  // most work per replica, keeping each stage's workers inside the groups
+  // the hierarchy gave it (swap only within level-0 groups).
+  if (cluster.heterogeneous()) {
+    const int group = cluster.levels[0].fanout;
+    absl::flat_hash_map<int, std::vector<std::pair<int, int>>> slots;
+    for (size_t s = 0; s < flat.size(); ++s) {
+      for (size_t r = 0; r < flat[s].workers.size(); ++r) {
+        slots[flat[s].workers[r] / group].push_back({s, r});
+      }
+    }
+    for (auto& [g, list] : slots) {
+      std::vector<int> workers;
+      for (auto [s, r] : list) workers.push_back(flat[s].workers[r]);
+      std::sort(workers.begin(), workers.end(), [&](int a, int b) {
+        return cluster.speed(a) > cluster.speed(b);
+      });
+      std::sort(list.begin(), list.end(), [&](auto a, auto b) {
+        const double la = (st.compute[flat[a.first].j] -
+                           st.compute[flat[a.first].k]) /
+                          flat[a.first].workers.size();
+        const double lb = (st.compute[flat[b.first].j] -
+                           st.compute[flat[b.first].k]) /
+                          flat[b.first].workers.size();
+        return la > lb;
+      });
+      for (size_t q = 0; q < list.size(); ++q) {
+        flat[list[q].first].workers[list[q].second] = workers[q];
+      }
+    }
+  }
+  Plan plan;
+  plan.num_states = st.sets.size();
+  plan.exact = st.exact;
+  plan.search = st.search;
+  if (absl::Status s =
+          FinishPlan(graph, w, st, cluster, options, flat, value, &plan);
+      !s.ok()) {
+    return s;
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
+                                      const Cluster& cluster,
+                                      const PlannerOptions& options) {
+  PlannerOptions dp = options;
+  dp.schedule = schedule::ScheduleKind::kGPipe;  // validated as a pipeline
+  if (absl::Status s = CheckInputs(graph, cluster, dp); !s.ok()) return s;
+  const WorkGraph w = BuildWorkGraph(graph);
+  std::vector<int> all_one(w.n, 0);
+  Units units = MakeUnits(w, all_one);
+  std::vector<Bits> sets;
+  EnumerateIdeals(units, -1, &sets);
+  const States st = BuildStates(w, units, std::move(sets), options.cost_model);
+  std::vector<int> workers(cluster.num_workers());
+  std::iota(workers.begin(), workers.end(), 0);
+  std::vector<FlatStage> flat = {FlatStage{0, st.full, workers}};
+  Plan plan;
+  plan.num_states = st.sets.size();
+  plan.search = "data parallel";
+  dp.schedule = schedule::ScheduleKind::kDataParallel;
+  dp.micro_batches = options.micro_batches > 0
+                         ? options.micro_batches
+                         : cluster.num_workers();
+  if (absl::Status s = FinishPlan(graph, w, st, cluster, dp, flat, 0, &plan);
+      !s.ok()) {
+    return s;
+  }
+  return plan;
+}
+
+}  // namespace partitioner
+}  // namespace apapo

@@ -1,0 +1,140 @@
+// Pipeline planner: cuts a layer DAG into stages at augmented antichains,
+// chooses replicas per stage and the workers of each replica, minimising the
+// steady-state bottleneck stage time (PipeDream's formulation), level by level
+// for a bandwidth hierarchy, under a per-device memory limit, with
+// heterogeneous worker speeds.
+//
+// Recurrence (symbols: states are ideals D of the DAG ordered by inclusion,
+// i is a segment start, j its end, k the last cut inside it, m units of the
+// current level available, y units given to the last stage):
+//
+//   A(i, j, m) = min over k with D_i <= D_k < D_j, 1 <= y <= m of
+//                  max( A(i, k, m - y), T(k, j, y) )       A(i, i, m) = 0
+//   T(k, j, y) = max( (B(k, j) + AR(P_kj, y)) / y,          stage compute
+//                     2 * Out(k) / (bw * y * rho),            input transfer
+//                     2 * Out(j) / (bw * y * rho) )           output transfer
+//   AR(P, y)   = 4 * (y - 1) * P / (bw * y)                 PipeDream all-reduce
+//
+// B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
+// l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
+// P_kj its parameter bytes; Out(k) the activation bytes crossing cut k; bw the
+// level's bandwidth; rho the activation compression ratio. A(i, j, m) uses at
+// most m units, so it is non-increasing in m; with T made non-increasing in y
+// (prefix minimum) the inner min over y is found by a moving crossing point,
+// O(M) per (k, j) pair instead of PipeDream's O(M^2).
+//
+// Cost models:
+//   kPipeDream  bit-for-bit PipeDream's optimizer_graph_hierarchical.py: Input
+//               sources and __getitem__ sinks are dropped, Out(k) sums the
+//               *augmented* antichain of cut k, the first stage pays no
+//               transfer terms, AR is divided by the inner fan-out only for the
+//               first stage. Our value equals or beats (uses at most M
+//               workers, a superset of PipeDream's states) PipeDream's.
+//   kApapo      same recurrence, but Out(k) counts only the activations that
+//               actually cross the cut, every stage pays its transfers and AR
+//               is divided by the inner fan-out everywhere.
+//
+// State space: ideals reachable from the first source by adding the closure of
+// a successor (a superset of PipeDream's antichain DAG). When there are more
+// than `max_states` of them (inception_v3: >221k), the planner coarsens: first
+// it merges in-branch chains into pieces of at most L layers (L = 2, 4, ...),
+// then whole branch chains, and finally falls back to prefixes of a
+// topological order cut into equal-compute blocks. Plan::search says which.
+//
+// Thread-safety: PlanPipeline is reentrant (no shared state).
+
+#ifndef APAPO_PARTITIONER_OPTIMIZER_H_
+#define APAPO_PARTITIONER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "partitioner/cluster.h"
+#include "partitioner/graph.h"
+#include "partitioner/schedule.h"
+
+namespace apapo {
+namespace partitioner {
+
+enum class CostModel { kPipeDream, kApapo };
+absl::StatusOr<CostModel> ParseCostModel(absl::string_view name);
+absl::string_view CostModelName(CostModel model);
+
+struct PlannerOptions {
+  CostModel cost_model = CostModel::kApapo;
+  double activation_compression_ratio = 1.0;  // rho
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::kAsync;
+  // Micro-batches per iteration (m). 0: a multiple of every stage's replica
+  // count; for flush schedules at least 4 x stages, for 2bw enough to cover
+  // the in-flight depth.
+  int micro_batches = 0;
+  int max_in_flight = 0;  // see schedule::ScheduleOptions
+  // Cap on DP states per level. 0: derived from a work budget so planning
+  // stays well under a second; -1: unlimited (exact, may be very slow).
+  int max_states = 0;
+  // Samples per mini-batch, only to express throughput in samples/s.
+  double batch_size = 1;
+};
+
+struct StagePlan {
+  std::vector<int> nodes;    // graph node indices, in topological order
+  int replicas = 1;
+  std::vector<int> workers;  // worker index per replica
+  double compute_seconds = 0;    // per mini-batch, after replicas and speed
+  double allreduce_seconds = 0;  // per mini-batch
+  double comm_seconds = 0;       // max(input, output) transfer per mini-batch
+  double time_seconds = 0;       // max(compute + allreduce, comm)
+  double parameter_bytes = 0;
+  double activation_bytes = 0;   // per micro-batch held for backward
+  // Per micro-batch on one speed-1 worker, unreplicated (simulator inputs).
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double output_bytes = 0;       // activations sent to the next stage
+  double output_bandwidth = 0;   // bytes/s of the link to the next stage
+  double allreduce_bandwidth = 0;  // bytes/s of the replicas' slowest link
+  int weight_versions = 1;
+  int in_flight = 1;
+  int64_t staleness = 0;
+  double peak_memory_bytes = 0;
+};
+
+struct Plan {
+  std::vector<StagePlan> stages;
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::kAsync;
+  CostModel cost_model = CostModel::kApapo;
+  int micro_batches = 1;
+  int num_workers = 0;  // workers used
+  // The DP's bottleneck stage time (seconds per mini-batch in steady state).
+  double bottleneck_seconds = 0;
+  // Seconds per mini-batch including the schedule's bubble.
+  double seconds_per_mini_batch = 0;
+  double mini_batches_per_second = 0;
+  double samples_per_second = 0;
+  double bubble_fraction = 0;
+  double single_worker_seconds = 0;  // everything on one speed-1 worker
+  // Search statistics.
+  int num_states = 0;     // DP states at the final level
+  bool exact = true;      // false if the state space was coarsened
+  std::string search;     // how the state space was built
+  std::vector<std::string> notes;
+};
+
+// Plans `graph` (validated) on `cluster`. Fails with INVALID_ARGUMENT on bad
+// options and RESOURCE_EXHAUSTED when no plan fits in memory (the message
+// says what does not fit).
+absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
+                                  const PlannerOptions& options);
+
+// The data-parallel plan (one stage, every worker a replica) under the same
+// cost model, for comparisons.
+absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
+                                      const Cluster& cluster,
+                                      const PlannerOptions& options);
+
+}  // namespace partitioner
+}  // namespace apapo
+
+#endif  // APAPO_PARTITIONER_OPTIMIZER_H_

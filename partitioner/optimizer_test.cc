@@ -1,0 +1,365 @@
+#include "partitioner/optimizer.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "partitioner/pipedream_format.h"
+#include "partitioner/synthetic.h"
+#include "partitioner/testdata.h"
+
+namespace apapo {
+namespace partitioner {
+namespace {
+
+Graph LoadProfile(const std::string& name) {
+  absl::StatusOr<Graph> g = ReadPipeDreamGraph(ProfilePath(name));
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+Cluster Flat(int workers) {
+  absl::StatusOr<Cluster> c = MakeCluster(workers, "", "", "");
+  EXPECT_TRUE(c.ok());
+  return *c;
+}
+
+PlannerOptions PipeDreamOptions() {
+  PlannerOptions o;
+  o.cost_model = CostModel::kPipeDream;
+  o.activation_compression_ratio = 1;
+  return o;
+}
+
+// Every node in exactly one stage, edges never go backwards, workers distinct.
+void ExpectValidPlan(const Graph& g, const Cluster& c, const Plan& plan) {
+  std::vector<int> stage_of(g.num_nodes(), -1);
+  std::set<int> workers;
+  int replicas = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& stage = plan.stages[s];
+    EXPECT_FALSE(stage.nodes.empty()) << "stage " << s;
+    EXPECT_EQ(static_cast<int>(stage.workers.size()), stage.replicas);
+    replicas += stage.replicas;
+    for (int v : stage.nodes) {
+      EXPECT_EQ(stage_of[v], -1) << g.node(v).id << " in two stages";
+      stage_of[v] = s;
+    }
+    for (int w : stage.workers) {
+      EXPECT_TRUE(workers.insert(w).second) << "worker " << w << " reused";
+      EXPECT_LT(w, c.num_workers());
+    }
+    if (c.memory_bytes > 0) {
+      EXPECT_LE(stage.peak_memory_bytes, c.memory_bytes);
+    }
+  }
+  EXPECT_LE(replicas, c.num_workers());
+  for (int v = 0; v < g.num_nodes(); ++v) {
+    EXPECT_GE(stage_of[v], 0) << g.node(v).id << " not placed";
+  }
+  for (const Edge& e : g.edges()) {
+    EXPECT_LE(stage_of[e.from], stage_of[e.to])
+        << g.node(e.from).id << " -> " << g.node(e.to).id;
+  }
+}
+
+struct Pinned {
+  const char* profile;
+  int workers;
+  double seconds;  // PipeDream's reported "Time per stage in pipeline"
+};
+
+// ../shared/profiles/README.md, measured with PipeDream's own optimizer.
+constexpr Pinned kPipeDream[] = {
+    {"alexnet", 4, 0.0342171},      {"alexnet", 8, 0.0188744},
+    {"alexnet", 16, 0.0188744},     {"vgg16", 4, 0.205521},
+    {"vgg16", 8, 0.103833},         {"vgg16", 16, 0.0565298},
+    {"gnmt", 4, 0.025868},          {"gnmt", 8, 0.019285},
+    {"gnmt", 16, 0.019285},         {"squeezenet1_0", 4, 0.074414},
+    {"squeezenet1_0", 8, 0.0376931}, {"squeezenet1_0", 16, 0.0188813},
+    {"resnet18", 4, 0.100004},      {"resnet18", 8, 0.0507833},
+    {"resnet18", 16, 0.0256901},    {"resnet50", 4, 0.162881},
+    {"resnet50", 8, 0.0920123},     {"resnet50", 16, 0.0478013},
+    {"densenet121", 4, 0.089976},   {"densenet121", 8, 0.0471184},
+    {"densenet121", 16, 0.0245459},
+};
+
+TEST(OptimizerTest, EqualsOrBeatsPipeDreamOnEveryProfile) {
+  ASSERT_NE(ProfilesDir(), "");
+  for (const Pinned& p : kPipeDream) {
+    const Graph g = LoadProfile(p.profile);
+    const Cluster c = Flat(p.workers);
+    absl::StatusOr<Plan> plan = PlanPipeline(g, c, PipeDreamOptions());
+    ASSERT_TRUE(plan.ok()) << p.profile << ": " << plan.status();
+    // The reference is printed to 6 significant digits.
+    EXPECT_LE(plan->bottleneck_seconds, p.seconds * (1 + 5e-6))
+        << p.profile << " @" << p.workers;
+    EXPECT_NEAR(plan->bottleneck_seconds, p.seconds, p.seconds * 1e-5)
+        << p.profile << " @" << p.workers;
+    EXPECT_TRUE(plan->exact) << p.profile;
+    ExpectValidPlan(g, c, *plan);
+  }
+}
+
+TEST(OptimizerTest, Vgg16AtFourMatchesPipeDreamsShape) {
+  // PipeDream: stages (0-17) x3 + (17-40) x1.
+  const Graph g = LoadProfile("vgg16");
+  absl::StatusOr<Plan> plan = PlanPipeline(g, Flat(4), PipeDreamOptions());
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->stages[0].replicas, 3);
+  EXPECT_EQ(plan->stages[1].replicas, 1);
+}
+
+TEST(OptimizerTest, PlansEveryProfileAtScaleAndOnTwoLevels) {
+  for (const std::string& name : ProfileNames()) {
+    const Graph g = LoadProfile(name);
+    for (const char* levels : {"4:1e9", "8:1e9", "16:1e9", "64:1e9",
+                               "8:300e9,4:25e9"}) {
+      absl::StatusOr<Cluster> c = MakeCluster(0, levels, "", "");
+      ASSERT_TRUE(c.ok());
+      for (CostModel model : {CostModel::kPipeDream, CostModel::kApapo}) {
+        PlannerOptions o;
+        o.cost_model = model;
+        absl::StatusOr<Plan> plan = PlanPipeline(g, *c, o);
+        ASSERT_TRUE(plan.ok()) << name << " " << levels << ": " << plan.status();
+        EXPECT_GT(plan->bottleneck_seconds, 0);
+        EXPECT_LE(plan->bottleneck_seconds, g.TotalComputeSeconds() * 1.0001);
+        ExpectValidPlan(g, *c, *plan);
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, CoarseningNeverBeatsTheExactDp) {
+  for (const char* name : {"resnet50", "densenet121", "squeezenet1_0"}) {
+    const Graph g = LoadProfile(name);
+    PlannerOptions exact = PipeDreamOptions();
+    exact.max_states = -1;
+    PlannerOptions coarse = PipeDreamOptions();
+    coarse.max_states = 60;
+    absl::StatusOr<Plan> a = PlanPipeline(g, Flat(16), exact);
+    absl::StatusOr<Plan> b = PlanPipeline(g, Flat(16), coarse);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(a->exact);
+    EXPECT_FALSE(b->exact);
+    EXPECT_GE(b->bottleneck_seconds, a->bottleneck_seconds * (1 - 1e-12));
+    // Quality lost stays moderate even at a tiny cap.
+    EXPECT_LE(b->bottleneck_seconds, a->bottleneck_seconds * 1.5) << name;
+  }
+}
+
+// ---- Independent brute force over PipeDream's cost model ------------------
+
+struct Brute {
+  const Graph& g;
+  int M;
+  double bw = 1e9;
+  std::vector<std::set<int>> anc;
+
+  explicit Brute(const Graph& graph, int machines) : g(graph), M(machines) {
+    anc.resize(g.num_nodes());
+    for (int v = 0; v < g.num_nodes(); ++v) {
+      std::vector<int> stack = {v};
+      while (!stack.empty()) {
+        int x = stack.back();
+        stack.pop_back();
+        for (int p : g.predecessors(x)) {
+          if (anc[v].insert(p).second) stack.push_back(p);
+        }
+      }
+    }
+  }
+  // PipeDream's augmented-antichain activation bytes of ideal `d`.
+  double Out(unsigned d) const {
+    std::set<int> aug;
+    for (int a = 0; a < g.num_nodes(); ++a) {
+      if (!(d >> a & 1)) continue;
+      bool maximal = true;
+      for (int s : g.successors(a)) maximal &= !(d >> s & 1);
+      if (!maximal) continue;
+      aug.insert(a);
+      for (int p : anc[a]) {
+        for (int o : g.successors(p)) {
+          if (o != a && !anc[a].count(o)) aug.insert(p);
+        }
+      }
+    }
+    double total = 0;
+    for (int v : aug) total += g.node(v).activation_bytes;
+    return total;
+  }
+  bool IsIdeal(unsigned d) const {
+    for (const Edge& e : g.edges()) {
+      if ((d >> e.to & 1) && !(d >> e.from & 1)) return false;
+    }
+    return true;
+  }
+  double StageTime(unsigned lo, unsigned hi, int y, bool first, bool last) {
+    double c = 0, p = 0;
+    for (int v = 0; v < g.num_nodes(); ++v) {
+      if ((hi >> v & 1) && !(lo >> v & 1)) {
+        c += g.node(v).compute_seconds();
+        p += g.node(v).parameter_bytes;
+      }
+    }
+    double t = (c + 4.0 * (y - 1) * p / (bw * y)) / y;
+    if (!first) {
+      t = std::max(t, 2 * Out(lo) / (bw * y));
+      if (!last) t = std::max(t, 2 * Out(hi) / (bw * y));
+    }
+    return t;
+  }
+  // Best bottleneck over all chains of ideals and replica counts (<= M).
+  double Solve() {
+    const unsigned full = (1u << g.num_nodes()) - 1;
+    std::vector<unsigned> ideals;
+    for (unsigned d = 1; d <= full; ++d) {
+      if (IsIdeal(d)) ideals.push_back(d);
+    }
+    double best = 1e300;
+    std::function<void(unsigned, int, double)> go = [&](unsigned lo, int used,
+                                                        double worst) {
+      for (unsigned hi : ideals) {
+        if ((hi & lo) != lo || hi == lo) continue;
+        for (int y = 1; used + y <= M; ++y) {
+          const double t =
+              std::max(worst, StageTime(lo, hi, y, lo == 0, hi == full));
+          if (t >= best) continue;
+          if (hi == full) {
+            best = t;
+          } else {
+            go(hi, used + y, t);
+          }
+        }
+      }
+    };
+    go(0, 0, 0);
+    return best;
+  }
+};
+
+TEST(OptimizerTest, MatchesBruteForceOnSmallRandomDags) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 3 + trial % 5;
+    Graph g = SyntheticDag(n, trial, 3, 4);
+    // Make costs comparable so cuts, transfers and replication all matter.
+    Graph h;
+    std::uniform_real_distribution<double> u(0.1, 1.0);
+    for (int v = 0; v < g.num_nodes(); ++v) {
+      Node node = g.node(v);
+      node.forward_seconds = u(rng) * 0.01;
+      node.backward_seconds = u(rng) * 0.01;
+      node.activation_bytes = u(rng) * 4e6;
+      node.parameter_bytes = u(rng) * 4e6;
+      h.AddNode(node);
+    }
+    for (const Edge& e : g.edges()) ASSERT_TRUE(h.AddEdge(e.from, e.to).ok());
+    ASSERT_TRUE(h.Validate().ok());
+    for (int machines : {1, 2, 3, 4}) {
+      Brute brute(h, machines);
+      const double expected = brute.Solve();
+      PlannerOptions o = PipeDreamOptions();
+      o.max_states = -1;
+      absl::StatusOr<Plan> plan = PlanPipeline(h, Flat(machines), o);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_NEAR(plan->bottleneck_seconds, expected, expected * 1e-9)
+          << "trial " << trial << " n=" << n << " M=" << machines;
+    }
+  }
+}
+
+TEST(OptimizerTest, RespectsMemoryAndSaysWhyNothingFits) {
+  const Graph g = LoadProfile("vgg16");
+  absl::StatusOr<Cluster> roomy = MakeCluster(8, "", "16G", "");
+  ASSERT_TRUE(roomy.ok());
+  absl::StatusOr<Plan> plan = PlanPipeline(g, *roomy, PlannerOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidPlan(g, *roomy, *plan);
+  absl::StatusOr<Cluster> tiny = MakeCluster(8, "", "1M", "");
+  ASSERT_TRUE(tiny.ok());
+  absl::StatusOr<Plan> none = PlanPipeline(g, *tiny, PlannerOptions());
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("alone needs"), std::string::npos)
+      << none.status();
+}
+
+TEST(OptimizerTest, GivesFastWorkersTheHeaviestStages) {
+  const Graph g = LoadProfile("gnmt");
+  absl::StatusOr<Cluster> c = MakeCluster(8, "", "", "4*0.5,4*2");
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<Plan> plan = PlanPipeline(g, *c, PlannerOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidPlan(g, *c, *plan);
+  // The stage with most work per replica runs on fast workers.
+  const StagePlan* heaviest = &plan->stages[0];
+  for (const StagePlan& s : plan->stages) {
+    if (s.compute_seconds * c->speed(s.workers[0]) >
+        heaviest->compute_seconds * c->speed(heaviest->workers[0])) {
+      heaviest = &s;
+    }
+  }
+  EXPECT_EQ(c->speed(heaviest->workers[0]), 2.0);
+}
+
+TEST(OptimizerTest, ScalesToSyntheticGraphsAndLargeClusters) {
+  struct Case {
+    Graph graph;
+    const char* levels;
+  };
+  const Case cases[] = {
+      {SyntheticChain(10000, 1), "16:1e9"},
+      {SyntheticDag(2000, 2), "16:1e9"},
+      {SyntheticDag(2000, 3), "8:300e9,16:25e9,8:10e9"},
+      {SyntheticChain(500, 4), "8:300e9,16:25e9,8:10e9"},
+  };
+  for (const Case& k : cases) {
+    ASSERT_TRUE(k.graph.Validate().ok());
+    absl::StatusOr<Cluster> c = MakeCluster(0, k.levels, "", "");
+    ASSERT_TRUE(c.ok());
+    absl::StatusOr<Plan> plan = PlanPipeline(k.graph, *c, PlannerOptions());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ExpectValidPlan(k.graph, *c, *plan);
+  }
+}
+
+TEST(OptimizerTest, DataParallelBaselineUsesEveryWorker) {
+  const Graph g = LoadProfile("vgg16");
+  absl::StatusOr<Plan> dp = DataParallelPlan(g, Flat(4), PipeDreamOptions());
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  ASSERT_EQ(dp->stages.size(), 1u);
+  EXPECT_EQ(dp->stages[0].replicas, 4);
+  // PipeDream's model zeroes the Input node's costs.
+  double compute = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.description != "Input") compute += n.compute_seconds();
+  }
+  const double expected =
+      (compute + 4.0 * 3 * g.TotalParameterBytes() / (1e9 * 4)) / 4;
+  EXPECT_NEAR(dp->bottleneck_seconds, expected, expected * 1e-9);
+}
+
+TEST(OptimizerTest, RejectsBadInputs) {
+  const Graph g = LoadProfile("alexnet");
+  Cluster none;
+  EXPECT_FALSE(PlanPipeline(g, none, PlannerOptions()).ok());
+  EXPECT_FALSE(PlanPipeline(Graph(), Flat(2), PlannerOptions()).ok());
+  PlannerOptions bad;
+  bad.activation_compression_ratio = 0;
+  EXPECT_FALSE(PlanPipeline(g, Flat(2), bad).ok());
+  EXPECT_FALSE(ParseCostModel("gurobi").ok());
+  EXPECT_FALSE(MakeCluster(0, "", "", "").ok());
+  EXPECT_FALSE(MakeCluster(8, "4:1e9", "", "").ok());
+  EXPECT_FALSE(MakeCluster(0, "4:x", "", "").ok());
+  EXPECT_FALSE(MakeCluster(2, "", "", "1,2,3").ok());
+}
+
+}  // namespace
+}  // namespace partitioner
+}  // namespace apapo

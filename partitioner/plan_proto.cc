@@ -1,0 +1,176 @@
+#include "partitioner/plan_proto.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace apapo {
+namespace partitioner {
+
+apapo::v1::ScheduleKind ScheduleToProto(schedule::ScheduleKind kind) {
+  switch (kind) {
+    case schedule::ScheduleKind::kAsync:
+      return apapo::v1::SCHEDULE_KIND_ASYNC;
+    case schedule::ScheduleKind::k2BW:
+      return apapo::v1::SCHEDULE_KIND_2BW;
+    case schedule::ScheduleKind::kGPipe:
+      return apapo::v1::SCHEDULE_KIND_GPIPE;
+    case schedule::ScheduleKind::k1F1BFlush:
+      return apapo::v1::SCHEDULE_KIND_1F1B_FLUSH;
+    case schedule::ScheduleKind::kDataParallel:
+      return apapo::v1::SCHEDULE_KIND_DATA_PARALLEL;
+  }
+  return apapo::v1::SCHEDULE_KIND_UNSPECIFIED;
+}
+
+apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
+                            absl::string_view model) {
+  apapo::v1::Plan out;
+  out.set_model(std::string(model));
+  out.set_schedule(ScheduleToProto(plan.schedule));
+  out.set_micro_batches(plan.micro_batches);
+  int in_flight = 0;
+  int rank = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& st = plan.stages[s];
+    apapo::v1::Stage* stage = out.add_stages();
+    stage->set_index(s);
+    for (int v : st.nodes) stage->add_node_ids(graph.node(v).id);
+    stage->set_replicas(st.replicas);
+    for (int w : st.workers) {
+      apapo::v1::StageReplica* replica = stage->add_placement();
+      replica->set_worker_id(absl::StrCat("w", w));
+      replica->set_rank(rank++);
+    }
+    stage->set_compute_seconds(st.compute_seconds);
+    stage->set_allreduce_seconds(st.allreduce_seconds);
+    stage->set_comm_seconds(st.comm_seconds);
+    stage->set_peak_memory_bytes(static_cast<int64_t>(st.peak_memory_bytes));
+    stage->set_parameter_bytes(static_cast<int64_t>(st.parameter_bytes));
+    stage->set_weight_versions(st.weight_versions);
+    stage->set_in_flight_micro_batches(st.in_flight);
+    stage->set_staleness(static_cast<int32_t>(st.staleness));
+    in_flight = std::max(in_flight, st.in_flight);
+  }
+  out.set_in_flight(in_flight);
+  apapo::v1::PlanPrediction* prediction = out.mutable_prediction();
+  prediction->set_seconds_per_mini_batch(plan.seconds_per_mini_batch);
+  prediction->set_samples_per_second(plan.samples_per_second);
+  prediction->set_bubble_fraction(plan.bubble_fraction);
+  if (plan.seconds_per_mini_batch > 0) {
+    prediction->set_speedup_over_single_worker(plan.single_worker_seconds /
+                                               plan.seconds_per_mini_batch);
+  }
+  out.set_cost_model(std::string(CostModelName(plan.cost_model)));
+  out.set_num_workers(plan.num_workers);
+  out.add_notes(absl::StrCat("search: ", plan.search));
+  for (const std::string& note : plan.notes) out.add_notes(note);
+  return out;
+}
+
+absl::StatusOr<std::string> PlanToJson(const apapo::v1::Plan& plan) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = false;
+  auto status = google::protobuf::util::MessageToJsonString(plan, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(std::string(status.message()));
+  }
+  return json;
+}
+
+absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
+  Graph graph;
+  for (const apapo::v1::NodeProfile& n : profile.nodes()) {
+    Node node;
+    node.id = n.id();
+    node.description = n.description();
+    node.forward_seconds = n.forward_seconds();
+    node.backward_seconds = n.backward_seconds();
+    node.activation_bytes = static_cast<double>(n.activation_bytes());
+    node.parameter_bytes = static_cast<double>(n.parameter_bytes());
+    graph.AddNode(std::move(node));
+  }
+  for (const apapo::v1::NodeProfile& n : profile.nodes()) {
+    const int to = graph.FindNode(n.id());
+    for (const std::string& input : n.inputs()) {
+      const int from = graph.FindNode(input);
+      if (from < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "node '", n.id(), "': dangling input '", input, "'"));
+      }
+      if (absl::Status s = graph.AddEdge(from, to); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = graph.Validate(); !s.ok()) return s;
+  return graph;
+}
+
+namespace {
+
+class LineCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) {
+      first_ = message;
+      line_ = line + 1;
+    }
+  }
+  std::string first_;
+  int line_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<Graph> ReadModelProfile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ":0: cannot open file"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  apapo::v1::ModelProfile profile;
+  const std::string trimmed(absl::StripLeadingAsciiWhitespace(text));
+  if (!trimmed.empty() && trimmed[0] == '{') {
+    auto status = google::protobuf::util::JsonStringToMessage(text, &profile);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":0: ", std::string(status.message())));
+    }
+  } else {
+    google::protobuf::TextFormat::Parser parser;
+    LineCollector errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text, &profile)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", errors.line_, ": ", errors.first_));
+    }
+  }
+  for (const apapo::v1::NodeProfile& n : profile.nodes()) {
+    for (double v : {n.forward_seconds(), n.backward_seconds()}) {
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ":0: node '", n.id(), "': times must be finite and >= 0"));
+      }
+    }
+    if (n.activation_bytes() < 0 || n.parameter_bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":0: node '", n.id(), "': sizes must be >= 0"));
+    }
+  }
+  absl::StatusOr<Graph> graph = GraphFromProfile(profile);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":0: ", graph.status().message()));
+  }
+  return graph;
+}
+
+}  // namespace partitioner
+}  // namespace apapo

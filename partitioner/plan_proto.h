@@ -1,0 +1,42 @@
+// Conversions between the partitioner's types and the apapo.v1 protos:
+// Plan -> apapo.v1.Plan (and its protobuf JSON mapping), and
+// apapo.v1.ModelProfile (text or JSON) -> Graph.
+//
+// Thread-safety: stateless functions, safe to call concurrently.
+
+#ifndef APAPO_PARTITIONER_PLAN_PROTO_H_
+#define APAPO_PARTITIONER_PLAN_PROTO_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "partitioner/graph.h"
+#include "partitioner/optimizer.h"
+#include "proto/apapo/v1/plan.pb.h"
+#include "proto/apapo/v1/profile.pb.h"
+
+namespace apapo {
+namespace partitioner {
+
+apapo::v1::ScheduleKind ScheduleToProto(schedule::ScheduleKind kind);
+
+// Stage node ids are written as in the input; worker ids are "w<index>" and
+// ranks count replicas in pipeline order.
+apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
+                            absl::string_view model);
+
+// Protobuf JSON mapping (camelCase names, e.g. "nodeIds").
+absl::StatusOr<std::string> PlanToJson(const apapo::v1::Plan& plan);
+
+// Builds a validated graph from a profile (edges from NodeProfile.inputs).
+absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile);
+
+// Reads a ModelProfile from a file: JSON if it starts with '{', else text
+// format. Errors are "FILE:LINE: reason" (LINE 0 when unknown).
+absl::StatusOr<Graph> ReadModelProfile(const std::string& path);
+
+}  // namespace partitioner
+}  // namespace apapo
+
+#endif  // APAPO_PARTITIONER_PLAN_PROTO_H_

@@ -1,0 +1,64 @@
+#include "partitioner/plan_proto.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "partitioner/pipedream_format.h"
+#include "partitioner/testdata.h"
+
+namespace apapo {
+namespace partitioner {
+namespace {
+
+TEST(PlanProtoTest, JsonCarriesNodeIdsAndReplicas) {
+  absl::StatusOr<Graph> g = ReadPipeDreamGraph(ProfilePath("vgg16"));
+  ASSERT_TRUE(g.ok());
+  PlannerOptions o;
+  o.cost_model = CostModel::kPipeDream;
+  absl::StatusOr<Plan> plan = PlanPipeline(*g, *MakeCluster(4, "", "", ""), o);
+  ASSERT_TRUE(plan.ok());
+  const apapo::v1::Plan proto = PlanToProto(*plan, *g, "vgg16");
+  ASSERT_EQ(proto.stages_size(), 2);
+  EXPECT_EQ(proto.stages(0).replicas(), 3);
+  int nodes = 0;
+  for (const auto& s : proto.stages()) nodes += s.node_ids_size();
+  EXPECT_EQ(nodes, g->num_nodes());
+  absl::StatusOr<std::string> json = PlanToJson(proto);
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"nodeIds\""), std::string::npos);
+  EXPECT_NE(json->find("\"replicas\": 3"), std::string::npos);
+}
+
+TEST(PlanProtoTest, ReadsTextAndJsonProfiles) {
+  const std::string dir = testing::TempDir();
+  const std::string text_path = dir + "/p.textproto";
+  std::ofstream(text_path) << "model: \"tiny\"\n"
+                              "nodes { id: \"a\" forward_seconds: 0.1 "
+                              "backward_seconds: 0.2 activation_bytes: 10 }\n"
+                              "nodes { id: \"b\" inputs: \"a\" "
+                              "forward_seconds: 0.1 parameter_bytes: 5 }\n";
+  absl::StatusOr<Graph> g = ReadModelProfile(text_path);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->num_nodes(), 2);
+  EXPECT_EQ(g->edges().size(), 1u);
+  const std::string json_path = dir + "/p.json";
+  std::ofstream(json_path)
+      << R"({"nodes": [{"id": "a", "forwardSeconds": 0.1},
+                       {"id": "b", "inputs": ["a"], "backwardSeconds": 0.3}]})";
+  g = ReadModelProfile(json_path);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_DOUBLE_EQ(g->node(1).backward_seconds, 0.3);
+  std::ofstream(text_path) << "nodes { id: \"a\" }\nnodes { id: \"b\" inputs: \"zz\" }\n";
+  g = ReadModelProfile(text_path);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("dangling input 'zz'"), std::string::npos);
+  std::ofstream(text_path) << "nodes {\n id: 3 3\n";
+  g = ReadModelProfile(text_path);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().message().rfind(text_path + ":2:", 0), 0u) << g.status();
+}
+
+}  // namespace
+}  // namespace partitioner
+}  // namespace apapo

@@ -1,0 +1,253 @@
+#include "partitioner/simulator.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace apapo {
+namespace partitioner {
+namespace {
+
+using schedule::Op;
+
+struct Replica {
+  int stage = 0;
+  int index = 0;
+  double speed = 1;
+  schedule::StageProgram program;
+  Op next;
+  bool has_next = false;
+  bool arrived = false;  // at the pending kUpdate collective
+  double free = 0;
+  double busy = 0;
+  std::vector<std::pair<double, double>> intervals;
+  // Weight-version bookkeeping.
+  std::multiset<int64_t> live;
+  int64_t version = 0;
+  int max_versions = 1;
+  int max_in_flight = 0;
+  int64_t max_staleness = 0;
+};
+
+struct Collective {
+  int arrived = 0;
+  double ready = 0;
+  double done = -1;
+};
+
+double Overlap(const std::vector<std::pair<double, double>>& intervals,
+               double lo, double hi) {
+  double total = 0;
+  for (const auto& [a, b] : intervals) {
+    total += std::max(0.0, std::min(b, hi) - std::max(a, lo));
+  }
+  return total;
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
+                                          const Cluster& cluster,
+                                          schedule::ScheduleKind kind,
+                                          const SimulationOptions& options) {
+  const int p = plan.stages.size();
+  if (p == 0) return absl::InvalidArgumentError("plan has no stages");
+  if (options.iterations < 2) {
+    return absl::InvalidArgumentError("simulate at least 2 iterations");
+  }
+  schedule::ScheduleOptions so;
+  so.kind = kind;
+  so.num_stages = p;
+  for (const StagePlan& s : plan.stages) so.replicas.push_back(s.replicas);
+  so.micro_batches_per_iteration =
+      options.micro_batches > 0 ? options.micro_batches : plan.micro_batches;
+  so.num_iterations = options.iterations;
+  so.max_in_flight = options.max_in_flight;
+  if (absl::Status s = schedule::ValidateScheduleOptions(so); !s.ok()) return s;
+  const int64_t m = so.micro_batches_per_iteration;
+  const int64_t n = m * options.iterations;
+
+  std::vector<std::vector<double>> fwd(p, std::vector<double>(n, -1));
+  std::vector<std::vector<double>> bwd(p, std::vector<double>(n, -1));
+  std::vector<std::vector<Collective>> updates(
+      p, std::vector<Collective>(options.iterations + 1));
+  std::vector<double> comm(p, 0), allreduce(p, 0);
+  for (int s = 0; s < p; ++s) {
+    const StagePlan& st = plan.stages[s];
+    if (st.output_bandwidth > 0) comm[s] = st.output_bytes / st.output_bandwidth;
+    const int r = st.replicas;
+    if (r > 1 && st.allreduce_bandwidth > 0) {
+      // The planner's (PipeDream's) all-reduce cost, so predictions and
+      // simulations agree: 4 P / (R bw).
+      allreduce[s] =
+          4.0 * (r - 1) * st.parameter_bytes / (r * st.allreduce_bandwidth);
+    }
+  }
+  std::vector<Replica> reps;
+  for (int s = 0; s < p; ++s) {
+    for (int r = 0; r < plan.stages[s].replicas; ++r) {
+      absl::StatusOr<schedule::StageProgram> program =
+          schedule::StageProgram::Create(so, s, r);
+      if (!program.ok()) return program.status();
+      Replica rep{s, r, 1.0, *std::move(program)};
+      const std::vector<int>& workers = plan.stages[s].workers;
+      if (r < static_cast<int>(workers.size()) &&
+          workers[r] < cluster.num_workers()) {
+        rep.speed = cluster.speed(workers[r]);
+      }
+      rep.has_next = rep.program.Next(&rep.next);
+      reps.push_back(std::move(rep));
+    }
+  }
+  SimulationResult result;
+  bool pending = true;
+  while (pending) {
+    pending = false;
+    bool progress = false;
+    for (Replica& rep : reps) {
+      const int s = rep.stage;
+      const StagePlan& st = plan.stages[s];
+      while (rep.has_next) {
+        const Op& op = rep.next;
+        double ready = 0, duration = 0;
+        if (op.type == Op::kForward) {
+          if (s > 0) {
+            if (fwd[s - 1][op.micro_batch] < 0) break;
+            ready = fwd[s - 1][op.micro_batch] + comm[s - 1];
+          }
+          duration = st.forward_seconds / rep.speed;
+        } else if (op.type == Op::kBackward) {
+          if (s + 1 < p) {
+            if (bwd[s + 1][op.micro_batch] < 0) break;
+            ready = bwd[s + 1][op.micro_batch] + comm[s];
+          }
+          duration = st.backward_seconds / rep.speed;
+        } else {
+          Collective& c = updates[s][op.weight_version];
+          if (!rep.arrived) {
+            rep.arrived = true;
+            ++c.arrived;
+            c.ready = std::max(c.ready, rep.free);
+            if (c.arrived == st.replicas) c.done = c.ready + allreduce[s];
+            progress = true;
+          }
+          if (c.done < 0) break;
+          rep.arrived = false;
+          ready = c.done - allreduce[s];
+          duration = allreduce[s];
+        }
+        const double start = std::max(rep.free, ready);
+        const double end = start + duration;
+        rep.free = end;
+        rep.busy += duration;
+        if (duration > 0) rep.intervals.push_back({start, end});
+        if (options.record_trace) {
+          result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
+        }
+        if (op.type == Op::kForward) {
+          fwd[s][op.micro_batch] = end;
+          rep.live.insert(op.weight_version);
+          rep.max_in_flight =
+              std::max(rep.max_in_flight, static_cast<int>(rep.live.size()));
+        } else if (op.type == Op::kBackward) {
+          bwd[s][op.micro_batch] = end;
+          rep.max_staleness =
+              std::max(rep.max_staleness, rep.version - op.weight_version);
+          rep.live.erase(rep.live.find(op.weight_version));
+        } else {
+          rep.version = op.weight_version;
+        }
+        if (op.type != Op::kBackward) {
+          std::set<int64_t> distinct(rep.live.begin(), rep.live.end());
+          distinct.insert(rep.version);
+          rep.max_versions =
+              std::max(rep.max_versions, static_cast<int>(distinct.size()));
+        }
+        rep.has_next = rep.program.Next(&rep.next);
+        progress = true;
+      }
+      pending |= rep.has_next;
+    }
+    if (pending && !progress) {
+      return absl::InternalError(
+          "simulation deadlocked: the schedule's programs wait on each other");
+    }
+  }
+  // Iteration k ends when every replica finished its k-th update.
+  const int64_t iters = options.iterations;
+  std::vector<double> iteration_end(iters + 1, 0);
+  for (int s = 0; s < p; ++s) {
+    for (int64_t v = 1; v <= iters; ++v) {
+      iteration_end[v] = std::max(iteration_end[v], updates[s][v].done);
+    }
+  }
+  double makespan = 0;
+  for (const Replica& rep : reps) makespan = std::max(makespan, rep.free);
+  result.makespan_seconds = makespan;
+  // Steady state: the middle half of the run, away from fill and drain.
+  const int64_t first = iters / 4, last = std::max(first + 1, iters - iters / 4);
+  const double lo = iteration_end[first], hi = iteration_end[last];
+  result.seconds_per_iteration = (hi - lo) / (last - first);
+  result.micro_batches_per_second =
+      result.seconds_per_iteration > 0 ? m / result.seconds_per_iteration : 0;
+  double busy_window = 0;
+  for (const Replica& rep : reps) busy_window += Overlap(rep.intervals, lo, hi);
+  result.bubble_fraction =
+      hi > lo ? 1.0 - busy_window / (reps.size() * (hi - lo)) : 0;
+  result.stages.resize(p);
+  for (int s = 0; s < p; ++s) {
+    StageStats& stats = result.stages[s];
+    int count = 0;
+    for (const Replica& rep : reps) {
+      if (rep.stage != s) continue;
+      ++count;
+      stats.busy_seconds += rep.busy;
+      stats.weight_versions = std::max(stats.weight_versions, rep.max_versions);
+      stats.max_staleness = std::max(stats.max_staleness, rep.max_staleness);
+      stats.max_in_flight = std::max(stats.max_in_flight, rep.max_in_flight);
+    }
+    stats.busy_seconds /= std::max(1, count);
+    stats.idle_seconds = makespan - stats.busy_seconds;
+    stats.peak_memory_bytes =
+        stats.weight_versions * plan.stages[s].parameter_bytes +
+        stats.max_in_flight * plan.stages[s].activation_bytes;
+  }
+  return result;
+}
+
+std::string ChromeTraceJson(const SimulationResult& result) {
+  std::string out = "{\"traceEvents\":[";
+  bool first = true;
+  for (const TraceEvent& e : result.trace) {
+    if (e.end <= e.start && e.op.type == Op::kUpdate) continue;
+    const char* cat = e.op.type == Op::kForward
+                          ? "forward"
+                          : (e.op.type == Op::kBackward ? "backward" : "update");
+    absl::StrAppendFormat(
+        &out,
+        "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"
+        "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"micro_batch\":%d,"
+        "\"weight_version\":%d}}",
+        first ? "" : ",\n", e.op.ToString(), cat, e.start * 1e6,
+        (e.end - e.start) * 1e6, e.stage, e.replica, e.op.micro_batch,
+        e.op.weight_version);
+    first = false;
+  }
+  int max_stage = -1;
+  for (const TraceEvent& e : result.trace) max_stage = std::max(max_stage, e.stage);
+  for (int s = 0; s <= max_stage; ++s) {
+    absl::StrAppendFormat(&out,
+                          "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+                          "\"args\":{\"name\":\"stage %d\"}}",
+                          first ? "" : ",\n", s, s);
+    first = false;
+  }
+  absl::StrAppend(&out, "],\"displayTimeUnit\":\"ms\"}\n");
+  return out;
+}
+
+}  // namespace partitioner
+}  // namespace apapo

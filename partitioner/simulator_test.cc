@@ -1,0 +1,134 @@
+#include "partitioner/simulator.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "partitioner/pipedream_format.h"
+#include "partitioner/testdata.h"
+
+namespace apapo {
+namespace partitioner {
+namespace {
+
+using schedule::ScheduleKind;
+
+// p uniform stages, forward 1 s, backward 2 s, no communication.
+Plan UniformPlan(int p, int m) {
+  Plan plan;
+  plan.micro_batches = m;
+  for (int s = 0; s < p; ++s) {
+    StagePlan stage;
+    stage.replicas = 1;
+    stage.workers = {s};
+    stage.forward_seconds = 1;
+    stage.backward_seconds = 2;
+    stage.parameter_bytes = 100;
+    stage.activation_bytes = 10;
+    plan.stages.push_back(stage);
+  }
+  return plan;
+}
+
+Cluster Flat(int n) { return *MakeCluster(n, "", "", ""); }
+
+SimulationResult RunSim(const Plan& plan, ScheduleKind kind, int64_t iters = 8) {
+  SimulationOptions o;
+  o.iterations = iters;
+  absl::StatusOr<SimulationResult> r =
+      Simulate(plan, Flat(plan.stages.size()), kind, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : SimulationResult();
+}
+
+TEST(SimulatorTest, FlushSchedulesHaveTheClosedFormBubble) {
+  for (int p : {2, 4}) {
+    for (int m : {4, 8}) {
+      const double bubble = (p - 1.0) / (m + p - 1.0);
+      for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1BFlush}) {
+        SimulationResult r = RunSim(UniformPlan(p, m), kind);
+        EXPECT_NEAR(r.bubble_fraction, bubble, 1e-9)
+            << ScheduleKindName(kind) << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.seconds_per_iteration, (m + p - 1) * 3.0, 1e-9);
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, ActivationsInFlightMatchClosedForms) {
+  const int p = 4, m = 8;
+  SimulationResult flush = RunSim(UniformPlan(p, m), ScheduleKind::k1F1BFlush);
+  SimulationResult gpipe = RunSim(UniformPlan(p, m), ScheduleKind::kGPipe);
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(flush.stages[s].max_in_flight, p - s);
+    EXPECT_EQ(gpipe.stages[s].max_in_flight, m);
+    EXPECT_EQ(flush.stages[s].max_staleness, 0);
+    EXPECT_EQ(flush.stages[s].weight_versions, 1);
+    EXPECT_DOUBLE_EQ(gpipe.stages[s].peak_memory_bytes, 100 + m * 10);
+  }
+}
+
+TEST(SimulatorTest, AsyncHasNoSteadyStateBubbleAndStashesPMinusS) {
+  const int p = 4;
+  SimulationResult r = RunSim(UniformPlan(p, 1), ScheduleKind::kAsync, 64);
+  EXPECT_NEAR(r.bubble_fraction, 0, 1e-9);
+  EXPECT_NEAR(r.micro_batches_per_second, 1.0 / 3.0, 1e-9);
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(r.stages[s].weight_versions, p - s) << s;
+    EXPECT_EQ(r.stages[s].max_staleness, p - s - 1) << s;
+    EXPECT_EQ(r.stages[s].max_in_flight, p - s) << s;
+  }
+}
+
+TEST(SimulatorTest, TwoBWKeepsTwoVersionsAndStalenessOne) {
+  const int p = 4;
+  SimulationResult r = RunSim(UniformPlan(p, 8), ScheduleKind::k2BW, 16);
+  EXPECT_NEAR(r.bubble_fraction, 0, 1e-9);
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(r.stages[s].weight_versions, 2);
+    EXPECT_EQ(r.stages[s].max_staleness, 1);
+  }
+}
+
+TEST(SimulatorTest, ReplicatedStageAllReducesAndRunsRoundRobin) {
+  Plan plan = UniformPlan(2, 2);
+  plan.stages[0].replicas = 2;
+  plan.stages[0].workers = {0, 1};
+  plan.stages[1].workers = {2};
+  plan.stages[0].forward_seconds = 2;  // twice the work, twice the replicas
+  plan.stages[0].backward_seconds = 4;
+  SimulationOptions o;
+  o.iterations = 32;
+  absl::StatusOr<SimulationResult> r =
+      Simulate(plan, Flat(3), ScheduleKind::kAsync, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->micro_batches_per_second, 1.0 / 3.0, 1e-6);
+}
+
+TEST(SimulatorTest, SimulatesARealPlanAndWritesATrace) {
+  absl::StatusOr<Graph> g = ReadPipeDreamGraph(ProfilePath("gnmt"));
+  ASSERT_TRUE(g.ok());
+  const Cluster c = Flat(8);
+  absl::StatusOr<Plan> plan = PlanPipeline(*g, c, PlannerOptions());
+  ASSERT_TRUE(plan.ok());
+  SimulationOptions o;
+  o.record_trace = true;
+  for (ScheduleKind kind : {ScheduleKind::kAsync, ScheduleKind::kGPipe,
+                            ScheduleKind::k1F1BFlush}) {
+    absl::StatusOr<SimulationResult> r = Simulate(*plan, c, kind, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GT(r->micro_batches_per_second, 0);
+    EXPECT_FALSE(r->trace.empty());
+    const std::string json = ChromeTraceJson(*r);
+    EXPECT_EQ(json.rfind("{\"traceEvents\":[", 0), 0u);
+    EXPECT_NE(json.find("\"ph\":\"X\""), std::string::npos);
+  }
+}
+
+TEST(SimulatorTest, RejectsEmptyPlans) {
+  EXPECT_FALSE(
+      Simulate(Plan(), Flat(1), ScheduleKind::kAsync, SimulationOptions()).ok());
+}
+
+}  // namespace
+}  // namespace partitioner
+}  // namespace apapo
