@@ -95,9 +95,7 @@ absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec) {
   *entry.job.mutable_spec() = spec;
   entry.job.set_state(apapo::v1::JOB_STATE_QUEUED);
   *entry.job.mutable_create_time() = ToProto(clock_->Now());
-  absl::Status s = AddEventLocked(
-      entry, absl::StrCat("submitted; waiting for ", spec.resources().workers(),
-                          " idle worker(s)"));
+  absl::Status s = AddEventLocked(entry, "submitted");
   if (!s.ok()) {
     jobs_.erase(id);
     return s;

@@ -61,6 +61,15 @@ std::string DefaultDataDir() {
 }
 
 int Run() {
+  // Handle SIGINT/SIGTERM on a dedicated thread: block them here, before any
+  // thread (gRPC, the metrics server, the scheduler) starts and inherits the
+  // mask, so no other thread takes the default action.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   std::string state = absl::GetFlag(FLAGS_state);
   if (state.empty()) {
     std::string dir = absl::GetFlag(FLAGS_data_dir);
@@ -150,13 +159,6 @@ int Run() {
       {&job_service, &worker_service},
       {apapo::v1::JobService::service_full_name(),
        apapo::v1::WorkerService::service_full_name()});
-
-  // Handle SIGINT/SIGTERM on a dedicated thread: block them everywhere else.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));

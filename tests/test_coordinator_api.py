@@ -82,8 +82,9 @@ class CoordinatorApiTest(unittest.TestCase):
         stream = self.jobs.WatchJob(service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
         messages = list(stream)
         self.assertFalse(messages[0].HasField("event"))
-        self.assertEqual([m.event.message for m in messages[1:]],
-                         [messages[1].event.message, "cancelled: test"])
+        events = [m.event.message for m in messages[1:]]
+        self.assertEqual(events[0], "submitted")
+        self.assertEqual(events[-1], "cancelled: test")
         self.assertEqual(messages[-1].job.state, job_pb2.JOB_STATE_CANCELLED)
 
         # Restart the coordinator on the same state database.
@@ -97,7 +98,10 @@ class CoordinatorApiTest(unittest.TestCase):
         self.assertEqual(listed[0].state, job_pb2.JOB_STATE_CANCELLED)
         replay = list(self.jobs.WatchJob(
             service_pb2.WatchJobRequest(job_id=job.id, after_sequence=1), timeout=30))
-        self.assertEqual([m.event.sequence for m in replay if m.HasField("event")], [2])
+        replayed = [m.event for m in replay if m.HasField("event")]
+        self.assertEqual([e.sequence for e in replayed],
+                         list(range(2, len(events) + 1)))
+        self.assertEqual(replayed[-1].message, "cancelled: test")
 
 
 class BinariesTest(unittest.TestCase):

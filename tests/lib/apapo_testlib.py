@@ -3,7 +3,6 @@ loopback ports and wait on conditions with deadlines (never sleeps)."""
 
 import os
 import re
-import select
 import subprocess
 import sys
 import tempfile
@@ -24,45 +23,57 @@ def binary(package, name):
 
 
 class Process:
-    """A child process whose stdout lines can be awaited with a deadline."""
+    """A child process whose output lines can be awaited with a deadline.
+    A reader thread collects stdout+stderr lines and signals a condition."""
 
     def __init__(self, argv, env=None):
+        import threading
         self.argv = argv
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             text=True, bufsize=1)
         self.lines = []
+        self.eof = False
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
 
     def wait_for_line(self, pattern, timeout=60):
-        """Returns the first match of `pattern` in the output, reading lines
-        as they come; fails at the deadline or if the process exits."""
+        """Returns the first match of `pattern` in the output so far or to
+        come; fails at the deadline or when the process ends first."""
         regex = re.compile(pattern)
-        for line in self.lines:
-            m = regex.search(line)
-            if m:
-                return m
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"{self.argv[0]}: no line matching {pattern!r} within {timeout}s; "
-                    f"output so far:\n" + "".join(self.lines[-30:]))
-            ready, _, _ = select.select([self.proc.stdout], [], [], left)
-            if not ready:
-                continue
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(
-                    f"{self.argv[0]} exited ({self.proc.wait()}) before printing "
-                    f"{pattern!r}; output:\n" + "".join(self.lines[-30:]))
-            self.lines.append(line)
-            m = regex.search(line)
-            if m:
-                return m
+        seen = 0
+        with self.cond:
+            while True:
+                for line in self.lines[seen:]:
+                    m = regex.search(line)
+                    if m:
+                        return m
+                seen = len(self.lines)
+                if self.eof:
+                    raise RuntimeError(
+                        f"{self.argv[0]} exited ({self.proc.wait()}) before printing "
+                        f"{pattern!r}; output:\n" + "".join(self.lines[-30:]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{self.argv[0]}: no line matching {pattern!r} within "
+                        f"{timeout}s; output so far:\n" + "".join(self.lines[-30:]))
+                self.cond.wait(left)
 
     def output(self):
-        return "".join(self.lines)
+        with self.cond:
+            return "".join(self.lines)
 
     def stop(self, timeout=20):
         if self.proc.poll() is None:
@@ -72,17 +83,15 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        rest = self.proc.stdout.read()
-        if rest:
-            self.lines.append(rest)
+        self.reader.join(timeout)
         self.proc.stdout.close()
         return self.proc.returncode
 
 
 def start_coordinator(state_path, extra=()):
-    """Starts apapo-coordinator on a free port; returns (process, port)."""
+    """Starts apapo-coordinator on free ports; returns (process, port)."""
     p = Process([binary("coordinator", "apapo-coordinator"), "--host=127.0.0.1",
-                 "--port=0", f"--state={state_path}", *extra])
+                 "--port=0", "--metrics_port=0", f"--state={state_path}", *extra])
     m = p.wait_for_line(r"listening on port (\d+)")
     return p, int(m.group(1))
 
@@ -90,3 +99,37 @@ def start_coordinator(state_path, extra=()):
 def temp_dir(prefix):
     base = os.environ.get("TEST_TMPDIR")
     return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def free_port():
+    """A port free at this moment (for servers that cannot bind port 0 and
+    report it, like the prometheus binary)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_worker(coordinator_port, worker_id, extra=()):
+    """Starts an apapo-worker daemon and waits until it has registered."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    p = Process([binary("worker", "apapo-worker"),
+                 f"--coordinator=127.0.0.1:{coordinator_port}", f"--id={worker_id}",
+                 "--threads=1", *extra], env=env)
+    p.wait_for_line(rf"registered as {re.escape(worker_id)}")
+    return p
+
+
+def wait_until(predicate, timeout, what, interval=0.1):
+    """Re-evaluates `predicate` until it returns a truthy value or the
+    deadline passes (for conditions only observable by polling an API)."""
+    import threading
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(interval)
