@@ -9,7 +9,7 @@ import urllib.parse
 import urllib.request
 
 from lib import apapo_testlib as t
-from test_end_to_end import Cluster
+from lib.cluster import Cluster
 
 
 class PrometheusTest(unittest.TestCase):

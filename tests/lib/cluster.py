@@ -1,0 +1,61 @@
+"""A coordinator plus worker daemons on loopback, for end-to-end tests."""
+
+import os
+
+import grpc
+
+from lib import apapo_testlib as t
+
+from proto.apapo.v1 import service_pb2, service_pb2_grpc  # noqa: E402
+
+
+class Cluster:
+    def __init__(self, workers=2):
+        self.dir = t.temp_dir("e2e-")
+        self.state = os.path.join(self.dir, "state.db")
+        self.coordinator, self.port = t.start_coordinator(
+            self.state, extra=["--heartbeat_interval=500ms",
+                               "--transfer_timeout=20s"])
+        m = self.coordinator.wait_for_line(r"metrics on port (\d+)")
+        self.metrics_port = int(m.group(1))
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
+        self.workers_stub = service_pb2_grpc.WorkerServiceStub(self.channel)
+        self.workers = {}
+        for i in range(workers):
+            self.add_worker(f"w-{i + 1}")
+
+    def add_worker(self, worker_id):
+        self.workers[worker_id] = t.start_worker(self.port, worker_id)
+
+    def submit(self, s):
+        return self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=s), timeout=30).job.id
+
+    def get(self, job_id):
+        return self.jobs.GetJob(service_pb2.GetJobRequest(job_id=job_id), timeout=30)
+
+    def watch_until(self, job_id, predicate, timeout):
+        """Follows WatchJob until predicate(message) holds (a message has the
+        job now and, for events, the event); returns the job then."""
+        stream = self.jobs.WatchJob(service_pb2.WatchJobRequest(job_id=job_id),
+                                    timeout=timeout)
+        try:
+            for message in stream:
+                if predicate(message):
+                    return message.job
+        finally:
+            stream.cancel()
+        raise AssertionError(f"{job_id} ended without the awaited condition: "
+                             f"{self.get(job_id)}")
+
+    def worker_states(self):
+        r = self.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+        return {w.info.worker_id: w.state for w in r.workers}
+
+    def close(self):
+        self.channel.close()
+        for w in self.workers.values():
+            w.stop()
+        return self.coordinator.stop()
+
+
