@@ -12,6 +12,7 @@ PACKAGES=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   # data, tests, benchmark peers
   dataset-fashion-mnist prometheus python3-torch python3-grpcio python3-protobuf
+  python3-yaml
 
 )
 
