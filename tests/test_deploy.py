@@ -1,0 +1,82 @@
+"""The deployment files are valid and refer to what the binaries provide."""
+
+import json
+import os
+import re
+import subprocess
+import unittest
+
+import yaml
+
+from lib import apapo_testlib as t
+
+DEPLOY = os.path.join(t.ROOT, "deploy")
+METRICS_SOURCE = os.path.join(t.ROOT, "coordinator", "metrics.cc")
+
+
+def exported_metric_names():
+    with open(METRICS_SOURCE) as f:
+        return set(re.findall(r'"(apapo_[a-z_]+)"', f.read()))
+
+
+def names_in(expr):
+    names = set(re.findall(r"\b(apapo_[a-z_]+?)(?:_bucket|_count|_sum)?\b", expr))
+    return {n for n in names if not n.startswith("apapo:")}
+
+
+class DeployTest(unittest.TestCase):
+    def test_prometheus_config_and_rules_pass_promtool(self):
+        for args in (["check", "config", "prometheus/prometheus.yml"],
+                     ["check", "rules", "prometheus/apapo-rules.yml"]):
+            r = subprocess.run(["promtool", *args], cwd=DEPLOY, capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_dashboard_and_rules_use_only_exported_metrics(self):
+        exported = exported_metric_names()
+        self.assertIn("apapo_jobs", exported)
+        with open(os.path.join(DEPLOY, "grafana", "apapo-dashboard.json")) as f:
+            dashboard = json.load(f)
+        exprs = [target["expr"] for p in dashboard["panels"] for target in p["targets"]]
+        with open(os.path.join(DEPLOY, "prometheus", "apapo-rules.yml")) as f:
+            rules = yaml.safe_load(f)
+        exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+        self.assertGreater(len(exprs), 10)
+        for expr in exprs:
+            unknown = names_in(expr) - exported
+            self.assertFalse(unknown, f"{expr!r} uses metrics nobody exports: {unknown}")
+
+    def test_kubernetes_manifests_parse_and_use_real_flags(self):
+        with open(os.path.join(DEPLOY, "kubernetes", "apapo.yaml")) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        kinds = sorted(d["kind"] for d in docs)
+        self.assertEqual(kinds, ["Deployment", "PersistentVolumeClaim", "Service",
+                                 "Service", "StatefulSet"])
+        for d in docs:
+            if d["kind"] in ("Deployment", "StatefulSet"):
+                for c in d["spec"]["template"]["spec"]["containers"]:
+                    self.assert_flags_exist(c["args"][0], c["args"][1:])
+
+    def test_systemd_units_use_real_flags(self):
+        for unit in ("apapo-coordinator.service", "apapo-worker@.service"):
+            with open(os.path.join(DEPLOY, "systemd", unit)) as f:
+                text = f.read()
+            self.assertIn("[Service]", text)
+            exec_line = re.search(r"^ExecStart=(\S+)(.*)$", text, re.M)
+            self.assertTrue(exec_line, unit)
+            binary = os.path.basename(exec_line.group(1))
+            self.assert_flags_exist(binary, exec_line.group(2).split())
+
+    def assert_flags_exist(self, binary, args):
+        package = {"apapo-coordinator": "coordinator", "apapo-worker": "worker"}[binary]
+        r = subprocess.run([t.binary(package, binary), "--helpfull"],
+                           capture_output=True, text=True, timeout=60)
+        known = set(re.findall(r"--([a-z_]+)", r.stdout + r.stderr))
+        for arg in args:
+            flag = re.match(r"--([a-z_]+)", arg)
+            self.assertTrue(flag, f"{binary}: unexpected argument {arg}")
+            self.assertIn(flag.group(1), known, f"{binary} has no flag --{flag.group(1)}")
+
+
+if __name__ == "__main__":
+    unittest.main()

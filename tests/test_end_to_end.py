@@ -1,0 +1,120 @@
+"""The whole product on loopback: a coordinator, worker daemons and real
+training jobs, driven through the gRPC API (Python client) and apapoctl."""
+
+import json
+import os
+import urllib.parse
+import signal
+import subprocess
+import unittest
+import urllib.request
+
+import grpc
+
+from lib import apapo_testlib as t
+from lib.cluster import Cluster
+
+from proto.apapo.v1 import job_pb2, service_pb2, service_pb2_grpc, worker_pb2  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+
+# A short job: the 784-64-10 MLP on real Fashion-MNIST, a few hundred steps.
+SHORT_JOB = """
+name: "e2e-short"
+model { builtin { name: "mlp" hyper_parameters { key: "hidden" value { i: 64 } }
+                  hyper_parameters { key: "layers" value { i: 2 } } } }
+data { fashion_mnist {} batch_size: 64 }
+optimizer { sgd { momentum: 0.9 } learning_rate: 0.05 }
+schedule { kind: SCHEDULE_KIND_ASYNC micro_batches: 4 }
+resources { workers: 2 threads_per_worker: 1 }
+limits { max_steps: %d }
+seed: 3
+"""
+
+
+def spec(steps=300, workers=2):
+    s = text_format.Parse(SHORT_JOB % steps, job_pb2.JobSpec())
+    s.resources.workers = workers
+    return s
+
+
+ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
+
+
+class EndToEndTest(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster(workers=2)
+
+    def tearDown(self):
+        self.cluster.close()
+
+    def test_job_runs_to_success_with_plan_and_metrics(self):
+        c = self.cluster
+        job_id = c.submit(spec(steps=400))
+        job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        self.assertGreaterEqual(job.progress.step, 400)
+        self.assertGreater(job.progress.samples_per_second, 0)
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+        self.assertGreaterEqual(len(plan.plan.stages), 1)
+        self.assertTrue(plan.profile.nodes, "the plan comes from a measured profile")
+        self.assertTrue(all(n.forward_seconds > 0 for n in plan.profile.nodes
+                            if n.parameter_bytes > 0))
+        placed = {r.worker_id for s in plan.plan.stages for r in s.placement}
+        self.assertTrue(placed <= {"w-1", "w-2"}, placed)
+        states = c.worker_states()
+        self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
+        # apapoctl shows the same job and plan.
+        ctl = t.binary("cli", "apapoctl")
+        r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "plan", job_id],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("predicted:", r.stdout)
+        r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "watch", job_id],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"{job_id} succeeded", r.stdout)
+
+    def test_cancel_mid_run_frees_workers(self):
+        c = self.cluster
+        job_id = c.submit(spec(steps=1_000_000))
+        c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
+        c.jobs.CancelJob(service_pb2.CancelJobRequest(job_id=job_id, reason="test"),
+                         timeout=30)
+        self.assertEqual(c.get(job_id).state, job_pb2.JOB_STATE_CANCELLED)
+        # The workers are immediately reusable: a second job runs to the end.
+        second = c.submit(spec(steps=50))
+        job = c.watch_until(second, lambda m: m.job.state in ENDED, timeout=600)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+
+    def test_worker_killed_mid_run_fails_job_naming_it(self):
+        c = self.cluster
+        job_id = c.submit(spec(steps=1_000_000))
+        c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
+        c.workers["w-2"].proc.send_signal(signal.SIGKILL)
+        job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=120)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+        self.assertIn("w-2", job.error)
+        states = c.worker_states()
+        self.assertEqual(states["w-1"], worker_pb2.WORKER_STATE_IDLE, states)
+        self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
+
+
+class QueueingTest(unittest.TestCase):
+    def test_job_waits_for_workers_then_runs(self):
+        c = Cluster(workers=1)
+        try:
+            job_id = c.submit(spec(steps=50))
+            job = c.watch_until(
+                job_id, lambda m: "needs 2 idle worker(s), 1 available" in m.event.message,
+                timeout=60)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_QUEUED)
+            c.add_worker("w-late")
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            self.assertIn("w-late", job.worker_ids)
+        finally:
+            c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

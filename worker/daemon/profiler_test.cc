@@ -1,0 +1,120 @@
+// ProfileJob: every node of the job's graph is measured, with the graph's
+// ids and edges, exact parameter bytes and per-mini-batch figures.
+
+#include "worker/daemon/profiler.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/daemon/test_jobs.h"
+#include "worker/model_graph.h"
+
+namespace apapo::worker {
+namespace {
+
+// mlp on {1, 28, 28} samples: input, flatten, fc1, relu1, ..., loss.
+apapo::v1::ProfileCommand MlpCommand(int hidden, int layers, int batch,
+                                     int micro_batches) {
+  apapo::v1::ProfileCommand c;
+  c.set_job_id("job-p");
+  c.set_iterations(3);
+  apapo::v1::JobSpec& spec = *c.mutable_spec();
+  spec = test_jobs::TinyMlpSpec(1);
+  auto* hp = spec.mutable_model()->mutable_builtin()->mutable_hyper_parameters();
+  (*hp)["hidden"].set_i(hidden);
+  (*hp)["layers"].set_i(layers);
+  auto* synthetic = spec.mutable_data()->mutable_synthetic();
+  synthetic->clear_sample_shape();
+  synthetic->add_sample_shape(1);
+  synthetic->add_sample_shape(28);
+  synthetic->add_sample_shape(28);
+  synthetic->set_num_classes(10);
+  spec.mutable_data()->set_batch_size(batch);
+  spec.mutable_schedule()->set_micro_batches(micro_batches);
+  return c;
+}
+
+TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
+  const apapo::v1::ProfileCommand c = MlpCommand(64, 1, 32, 4);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const apapo::v1::ModelProfile& p = result->profile();
+  EXPECT_EQ(p.model(), "mlp");
+  EXPECT_EQ(p.batch_size(), 32);
+
+  auto graph = GraphForJob(c.spec());
+  ASSERT_TRUE(graph.ok());
+  ASSERT_EQ(p.nodes_size(), graph->nodes_size());
+  std::map<std::string, const apapo::v1::LayerNode*> by_id;
+  for (const auto& n : graph->nodes()) by_id[n.id()] = &n;
+  std::map<std::string, const apapo::v1::NodeProfile*> measured;
+  for (const auto& n : p.nodes()) {
+    measured[n.id()] = &n;
+    ASSERT_TRUE(by_id.count(n.id())) << n.id();
+    EXPECT_THAT(n.inputs(),
+                ::testing::ElementsAreArray(by_id[n.id()]->inputs()))
+        << n.id();
+    EXPECT_GT(n.forward_seconds(), 0) << n.id();
+    if (n.id() != "input") {
+      EXPECT_GT(n.backward_seconds(), 0) << n.id();
+    }
+    EXPECT_FALSE(n.description().empty());
+  }
+  EXPECT_EQ(measured["input"]->backward_seconds(), 0);
+  // Linear(784 -> 64) and Linear(64 -> 10), float32.
+  EXPECT_EQ(measured["fc1"]->parameter_bytes(), (784 * 64 + 64) * 4);
+  EXPECT_EQ(measured["fc2"]->parameter_bytes(), (64 * 10 + 10) * 4);
+  EXPECT_EQ(measured["relu1"]->parameter_bytes(), 0);
+  // Output activations of the whole mini-batch (4 micro-batches of 8).
+  EXPECT_EQ(measured["fc1"]->activation_bytes(), 32 * 64 * 4);
+  EXPECT_EQ(measured["flatten"]->activation_bytes(), 32 * 784 * 4);
+  EXPECT_EQ(result->resources().relative_speed(), 0);
+  EXPECT_GT(result->resources().memory_bytes(), 0);
+  EXPECT_EQ(result->job_id(), "job-p");
+}
+
+TEST(ProfileJobTest, SpecMemoryWinsAndCancellationStops) {
+  apapo::v1::ProfileCommand c = MlpCommand(16, 1, 8, 2);
+  c.mutable_spec()->mutable_resources()->set_memory_per_worker_bytes(12345);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->resources().memory_bytes(), 12345);
+
+  ProfileOptions o;
+  o.cancelled = [] { return true; };
+  EXPECT_EQ(ProfileJob(c, o).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(ProfileJobTest, BadSpecIsRefused) {
+  apapo::v1::ProfileCommand c = MlpCommand(16, 1, 8, 2);
+  c.mutable_spec()->mutable_model()->mutable_builtin()->set_name("nope");
+  EXPECT_FALSE(ProfileJob(c).ok());
+}
+
+// The default mlp (784-2048x4-10), batch 128 in 4 micro-batches, 3 passes:
+// the budget the coordinator's profiling phase can afford.
+TEST(ProfileJobTest, DefaultMlpProfilesQuickly) {
+  apapo::v1::ProfileCommand c = MlpCommand(2048, 4, 128, 4);
+  ProfileOptions o;
+  o.threads = 1;
+  const auto start = std::chrono::steady_clock::now();
+  auto result = ProfileJob(c, o);
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  ASSERT_TRUE(result.ok()) << result.status();
+  double total = 0;
+  for (const auto& n : result->profile().nodes()) {
+    total += n.forward_seconds() + n.backward_seconds();
+  }
+  std::printf("default mlp profile: %.2f s wall, %.4f s per mini-batch\n",
+              seconds, total);
+  EXPECT_LT(seconds, 20);
+}
+
+}  // namespace
+}  // namespace apapo::worker

@@ -1,0 +1,64 @@
+// The pipe protocol between the worker daemon and a stage child process
+// (TorchJobRunner forks the worker binary in its hidden --run_assignment
+// mode). The child writes frames to the pipe that replaced its stdout; the
+// daemon reads them on the thread that waits for the child.
+//
+// A frame is one type byte, a 4-byte little-endian payload length and the
+// payload:
+//   kMetrics  a serialized MetricsReport (progress while training)
+//   kFinal    the serialized final MetricsReport (StageExecutor::Report)
+//   kStatus   the stage's outcome: EncodeStatus() of an absl::Status; the
+//             last frame a child writes.
+//
+// Thread-safety: WriteFrame is safe from several threads if they share a
+// FrameWriter (it holds a mutex); FrameReader is not thread-safe.
+#ifndef APAPO_WORKER_DAEMON_STAGE_CHANNEL_H_
+#define APAPO_WORKER_DAEMON_STAGE_CHANNEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace apapo::worker {
+
+enum class FrameType : uint8_t { kMetrics = 1, kFinal = 2, kStatus = 3 };
+
+// Largest payload accepted; a longer length means a corrupt stream.
+inline constexpr uint32_t kMaxFramePayload = 64 << 20;
+
+// Writes frames to a file descriptor (blocking; retries short writes and
+// EINTR).
+class FrameWriter {
+ public:
+  explicit FrameWriter(int fd) : fd_(fd) {}
+  absl::Status Write(FrameType type, absl::string_view payload);
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;
+};
+
+// Splits a byte stream into frames.
+class FrameReader {
+ public:
+  void Append(const char* data, size_t size) { buffer_.append(data, size); }
+  // Returns true and one complete frame if there is one. A corrupt header
+  // (unknown type, oversized length) sets *error and returns false.
+  bool Next(FrameType* type, std::string* payload, absl::Status* error);
+  // Bytes of an incomplete frame still buffered.
+  size_t pending() const { return buffer_.size(); }
+
+ private:
+  std::string buffer_;
+};
+
+// A Status as bytes and back (4-byte code, then the message).
+std::string EncodeStatus(const absl::Status& status);
+absl::Status DecodeStatus(absl::string_view bytes);
+
+}  // namespace apapo::worker
+
+#endif  // APAPO_WORKER_DAEMON_STAGE_CHANNEL_H_

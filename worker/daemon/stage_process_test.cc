@@ -1,0 +1,167 @@
+// RunAssignment: a real two-rank pipeline (two threads of this process, one
+// TCPStore served here), and assignments that do not fit.
+
+#include "worker/daemon/stage_process.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/daemon/test_jobs.h"
+
+namespace apapo::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using test_jobs::Assignment;
+using test_jobs::TinyMlpSpec;
+using test_jobs::TwoStagePlan;
+
+TEST(RunAssignmentTest, TwoStagesTrainOverARealStore) {
+  auto store = StartJobStore();
+  ASSERT_TRUE(store.ok()) << store.status();
+  const apapo::v1::JobSpec spec = TinyMlpSpec(/*epochs=*/2);
+  const apapo::v1::Plan plan = TwoStagePlan();
+
+  absl::Status status[2];
+  apapo::v1::MetricsReport final_metrics[2];
+  std::vector<apapo::v1::MetricsReport> reports[2];
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      status[rank] = RunAssignment(
+          Assignment("job-1", spec, plan, rank, (*store)->port()),
+          [&, rank](const apapo::v1::MetricsReport& m) {
+            reports[rank].push_back(m);
+          },
+          &final_metrics[rank]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+
+  // 512 samples / batch 32 = 16 steps per epoch, 2 epochs.
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& m = final_metrics[rank];
+    EXPECT_EQ(m.job_id(), "job-1");
+    EXPECT_EQ(m.step(), 32);
+    EXPECT_EQ(m.samples(), 32 * 32);
+    EXPECT_GT(m.samples_per_second(), 0);
+    EXPECT_EQ(m.stage().stage(), rank);
+    EXPECT_EQ(m.stage().rank(), rank);
+    EXPECT_EQ(m.stage().forward_micro_batches(), 32 * 4);
+    EXPECT_EQ(m.stage().backward_micro_batches(), 32 * 4);
+    EXPECT_GT(m.stage().bytes_sent(), 0);
+    EXPECT_GT(m.stage().busy_seconds(), 0);
+  }
+  EXPECT_TRUE(final_metrics[1].has_loss());
+  EXPECT_TRUE(final_metrics[1].has_test_accuracy());
+  EXPECT_FALSE(final_metrics[0].has_loss());
+  EXPECT_EQ(final_metrics[1].total_steps(), 32);
+
+  // Only the last stage has progress while training: the first step, and
+  // one after each of the two evaluations at least.
+  EXPECT_TRUE(reports[0].empty());
+  ASSERT_GE(reports[1].size(), 3u);
+  const auto& first = reports[1].front();
+  EXPECT_EQ(first.job_id(), "job-1");
+  EXPECT_GE(first.step(), 1);
+  EXPECT_EQ(first.total_steps(), 32);
+  EXPECT_EQ(first.epoch(), 1);
+  EXPECT_TRUE(first.has_loss());
+  EXPECT_EQ(first.stage().stage(), 1);
+  const auto& last = reports[1].back();
+  EXPECT_EQ(last.step(), 32);
+  EXPECT_EQ(last.epoch(), 2);
+  EXPECT_TRUE(last.has_test_accuracy());
+  for (size_t i = 1; i < reports[1].size(); ++i) {
+    EXPECT_GE(reports[1][i].step(), reports[1][i - 1].step());
+  }
+  // Step durations: one per step after the first, each reported once.
+  int durations = final_metrics[1].stage().step_seconds_size();
+  for (const auto& r : reports[1]) {
+    durations += r.stage().step_seconds_size();
+    for (double d : r.stage().step_seconds()) EXPECT_GT(d, 0);
+  }
+  EXPECT_EQ(durations, 31);
+  EXPECT_EQ(final_metrics[0].stage().step_seconds_size(), 0);
+}
+
+TEST(RunAssignmentTest, DataParallelReplicasAllReduce) {
+  auto store = StartJobStore();
+  ASSERT_TRUE(store.ok()) << store.status();
+  apapo::v1::Plan plan = test_jobs::OneStagePlan();
+  plan.set_schedule(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  plan.mutable_stages(0)->set_replicas(2);
+  plan.mutable_stages(0)->add_placement()->set_rank(1);
+  const apapo::v1::JobSpec spec = TinyMlpSpec(1);
+  absl::Status status[2];
+  apapo::v1::MetricsReport final_metrics[2];
+  std::vector<std::thread> ranks;
+  for (int replica = 0; replica < 2; ++replica) {
+    ranks.emplace_back([&, replica] {
+      apapo::v1::AssignStage a =
+          Assignment("job-dp", spec, plan, 0, (*store)->port());
+      a.set_replica(replica);
+      a.mutable_rendezvous()->set_rank(replica);
+      a.mutable_rendezvous()->set_world_size(2);
+      status[replica] = RunAssignment(a, nullptr, &final_metrics[replica]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  for (int replica = 0; replica < 2; ++replica) {
+    EXPECT_EQ(final_metrics[replica].step(), 16);
+    // Each replica trains half of every mini-batch.
+    EXPECT_EQ(final_metrics[replica].samples(), 16 * 32 / 2);
+    EXPECT_EQ(final_metrics[replica].stage().rank(), replica);
+  }
+}
+
+TEST(RunAssignmentTest, UnknownNodeNamesTheStageAndTheNode) {
+  apapo::v1::Plan plan = test_jobs::OneStagePlan();
+  plan.mutable_stages(0)->set_node_ids(3, "fc9");
+  apapo::v1::MetricsReport final_metrics;
+  absl::Status s = RunAssignment(
+      Assignment("job-2", TinyMlpSpec(1), plan, 0, 0), nullptr,
+      &final_metrics);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("stage 0 replica 0 (rank 0)"));
+  EXPECT_THAT(s.message(), HasSubstr("'fc9'"));
+}
+
+TEST(RunAssignmentTest, RankMustMatchTheStageMajorNumbering) {
+  apapo::v1::AssignStage a =
+      Assignment("job-3", TinyMlpSpec(1), TwoStagePlan(), 1, 1234);
+  a.mutable_rendezvous()->set_rank(0);
+  absl::Status s = RunAssignment(a, nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("stage 1"));
+  EXPECT_THAT(s.message(), HasSubstr("rank 1, not 0"));
+
+  a = Assignment("job-3", TinyMlpSpec(1), TwoStagePlan(), 1, 1234);
+  a.mutable_rendezvous()->set_world_size(3);
+  s = RunAssignment(a, nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("world size is 3"));
+}
+
+TEST(RunAssignmentTest, SingleStageRunsWithoutATransport) {
+  apapo::v1::MetricsReport final_metrics;
+  apapo::v1::AssignStage a = Assignment("job-4", TinyMlpSpec(1),
+                                        test_jobs::OneStagePlan(), 0, 0);
+  int reports = 0;
+  absl::Status s = RunAssignment(
+      a, [&](const apapo::v1::MetricsReport&) { ++reports; }, &final_metrics);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(final_metrics.step(), 16);
+  EXPECT_TRUE(final_metrics.has_loss());
+  EXPECT_GE(reports, 2);
+}
+
+}  // namespace
+}  // namespace apapo::worker

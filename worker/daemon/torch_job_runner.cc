@@ -1,0 +1,415 @@
+#include "worker/daemon/torch_job_runner.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/daemon/profiler.h"
+#include "worker/daemon/stage_channel.h"
+
+extern char** environ;
+
+namespace apapo::worker {
+namespace {
+
+constexpr const char* kThreadVariables[] = {"OPENBLAS_NUM_THREADS",
+                                            "OMP_NUM_THREADS",
+                                            "MKL_NUM_THREADS"};
+
+int ThreadsFor(const apapo::v1::JobSpec& spec) {
+  return spec.resources().threads_per_worker() > 0
+             ? spec.resources().threads_per_worker()
+             : 1;
+}
+
+std::string ErrnoMessage(const char* what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+void CloseFd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// The child's environment: ours, with the compute thread counts replaced
+// (OpenBLAS reads its variable only when it loads).
+std::vector<std::string> ChildEnvironment(int threads) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const char* name : kThreadVariables) {
+      replaced |= absl::StartsWith(*e, absl::StrCat(name, "="));
+    }
+    if (!replaced) env.emplace_back(*e);
+  }
+  for (const char* name : kThreadVariables) {
+    env.push_back(absl::StrCat(name, "=", threads));
+  }
+  return env;
+}
+
+std::vector<char*> Pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+std::string ExitCause(int wstatus) {
+  if (WIFSIGNALED(wstatus)) {
+    const int sig = WTERMSIG(wstatus);
+    const char* name = sigabbrev_np(sig);
+    return absl::StrCat("was killed by signal ", sig,
+                        name != nullptr ? absl::StrCat(" (SIG", name, ")")
+                                        : std::string());
+  }
+  const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  return absl::StrCat("exited with code ", code);
+}
+
+}  // namespace
+
+TorchJobRunner::TorchJobRunner(std::string exe)
+    : TorchJobRunner(TorchJobRunnerOptions{std::move(exe)}) {}
+
+TorchJobRunner::TorchJobRunner(TorchJobRunnerOptions options)
+    : options_(std::move(options)) {}
+
+TorchJobRunner::~TorchJobRunner() = default;
+
+absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
+    const apapo::v1::ProfileCommand& command) {
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  {
+    absl::MutexLock lock(&mu_);
+    profiling_[command.job_id()] = flag;
+  }
+  ProfileOptions o;
+  o.threads = ThreadsFor(command.spec());
+  o.memory_bytes = options_.memory_bytes;
+  o.cancelled = [flag] { return flag->load(); };
+  absl::StatusOr<apapo::v1::ProfileResult> result = ProfileJob(command, o);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = profiling_.find(command.job_id());
+    if (it != profiling_.end() && it->second == flag) profiling_.erase(it);
+  }
+  return result;
+}
+
+absl::StatusOr<int> TorchJobRunner::HostRendezvous(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = stores_.find(job_id);
+    if (it != stores_.end()) return it->second->port();
+    early_stops_.erase(job_id);  // a new assignment of the job
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = StartJobStore();
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("hosting the rendezvous of ", job_id,
+                                     ": ", store.status().message()));
+  }
+  const int port = (*store)->port();
+  absl::MutexLock lock(&mu_);
+  stores_[job_id] = *std::move(store);
+  return port;
+}
+
+bool TorchJobRunner::TakeEarlyStop(const std::string& job_id) {
+  const absl::Time now = absl::Now();
+  for (auto it = early_stops_.begin(); it != early_stops_.end();) {
+    if (now - it->second > options_.stop_memory) {
+      it = early_stops_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return early_stops_.erase(job_id) > 0;
+}
+
+void TorchJobRunner::Stop(const std::string& job_id) {
+  std::unique_ptr<JobStore> released;
+  absl::MutexLock lock(&mu_);
+  if (auto it = profiling_.find(job_id); it != profiling_.end()) {
+    it->second->store(true);
+  }
+  auto it = children_.find(job_id);
+  if (it == children_.end()) {
+    early_stops_[job_id] = absl::Now();
+    if (auto s = stores_.find(job_id); s != stores_.end()) {
+      released = std::move(s->second);
+      stores_.erase(s);
+    }
+    return;  // `released` is destroyed after the lock is dropped
+  }
+  Child* child = it->second;
+  if (child->stop_requested) return;
+  child->stop_requested = true;
+  child->kill_at = absl::Now() + options_.stop_grace;
+  ::kill(child->pid, SIGTERM);
+  // Wake the Train thread so it arms the SIGKILL deadline.
+  const char byte = 1;
+  (void)!::write(child->wake_fd, &byte, 1);
+}
+
+absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
+                                   const MetricsCallback& report,
+                                   apapo::v1::MetricsReport* final_metrics) {
+  const std::string& job = assignment.job_id();
+  const std::string label =
+      absl::StrCat("stage ", assignment.stage(), " replica ",
+                   assignment.replica(), " (rank ",
+                   assignment.rendezvous().rank(), ")");
+  const std::string stopped_message =
+      absl::StrCat("stage ", assignment.stage(),
+                   " stopped: stop requested for job ", job);
+  // The job's store (if hosted here) lives until this returns.
+  struct ReleaseStore {
+    TorchJobRunner* runner;
+    const std::string& job;
+    ~ReleaseStore() {
+      std::unique_ptr<JobStore> store;
+      absl::MutexLock lock(&runner->mu_);
+      if (auto s = runner->stores_.find(job); s != runner->stores_.end()) {
+        store = std::move(s->second);
+        runner->stores_.erase(s);
+      }
+    }
+  } release_store{this, job};
+
+  if (options_.exe.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(label, ": no worker binary to run the stage with"));
+  }
+  // Everything the child needs is prepared before fork: after it, the child
+  // may only make async-signal-safe calls.
+  int assignment_fd = ::memfd_create("apapo-assignment", MFD_CLOEXEC);
+  if (assignment_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(label, ": ", ErrnoMessage("memfd_create")));
+  }
+  {
+    const std::string bytes = assignment.SerializeAsString();
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n =
+          ::write(assignment_fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const std::string error = ErrnoMessage("writing the assignment");
+        CloseFd(assignment_fd);
+        return absl::InternalError(absl::StrCat(label, ": ", error));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  int data[2] = {-1, -1};
+  int wake[2] = {-1, -1};
+  if (::pipe2(data, O_CLOEXEC) != 0 ||
+      ::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const std::string error = ErrnoMessage("pipe2");
+    CloseFd(assignment_fd);
+    CloseFd(data[0]);
+    CloseFd(data[1]);
+    return absl::InternalError(absl::StrCat(label, ": ", error));
+  }
+  std::vector<std::string> args = {
+      options_.exe,
+      absl::StrCat("--run_assignment=/proc/self/fd/", assignment_fd)};
+  std::vector<std::string> env = ChildEnvironment(ThreadsFor(assignment.spec()));
+  std::vector<char*> argv = Pointers(args);
+  std::vector<char*> envp = Pointers(env);
+  sigset_t no_signals;
+  sigemptyset(&no_signals);
+  const pid_t parent = ::getpid();
+
+  Child child;
+  child.wake_fd = wake[1];
+  {
+    // Forking under the lock: a concurrent Stop either saw no child (and
+    // left an early stop, checked here) or sees the registered one.
+    absl::MutexLock lock(&mu_);
+    if (TakeEarlyStop(job)) {
+      CloseFd(assignment_fd);
+      CloseFd(data[0]);
+      CloseFd(data[1]);
+      CloseFd(wake[0]);
+      CloseFd(wake[1]);
+      return absl::CancelledError(stopped_message);
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // Child: async-signal-safe calls only.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::sigprocmask(SIG_SETMASK, &no_signals, nullptr);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
+      if (::dup2(data[1], STDOUT_FILENO) < 0) ::_exit(127);
+      const int null_fd = ::open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+      ::fcntl(assignment_fd, F_SETFD, 0);  // inherited by the exec'd image
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    if (pid < 0) {
+      const std::string error = ErrnoMessage("fork");
+      CloseFd(assignment_fd);
+      CloseFd(data[0]);
+      CloseFd(data[1]);
+      CloseFd(wake[0]);
+      CloseFd(wake[1]);
+      return absl::ResourceExhaustedError(absl::StrCat(label, ": ", error));
+    }
+    child.pid = pid;
+    children_[job] = &child;
+  }
+  CloseFd(assignment_fd);
+  CloseFd(data[1]);
+  absl::Status status = Supervise(assignment, label, &child, data[0], wake[0],
+                                  report, final_metrics);
+  CloseFd(data[0]);
+  CloseFd(wake[0]);
+  CloseFd(wake[1]);
+  if (status.code() == absl::StatusCode::kCancelled) {
+    return absl::CancelledError(stopped_message);
+  }
+  return status;
+}
+
+absl::Status TorchJobRunner::Supervise(
+    const apapo::v1::AssignStage& assignment, const std::string& label,
+    Child* child, int data_fd, int wake_fd, const MetricsCallback& report,
+    apapo::v1::MetricsReport* final_metrics) {
+  FrameReader reader;
+  absl::Status stream_error;
+  absl::Status child_status;
+  bool have_status = false;
+  bool killed = false;
+  std::vector<char> buffer(1 << 16);
+  for (;;) {
+    int timeout_ms = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (child->stop_requested && !killed) {
+        const absl::Duration left = child->kill_at - absl::Now();
+        if (left <= absl::ZeroDuration()) {
+          ::kill(child->pid, SIGKILL);
+          killed = true;
+        } else {
+          timeout_ms = static_cast<int>(
+              std::ceil(absl::ToDoubleMilliseconds(left)));
+        }
+      }
+    }
+    pollfd fds[2] = {{data_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const int ready = ::poll(fds, 2, timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      stream_error = absl::InternalError(ErrnoMessage("poll"));
+      break;
+    }
+    if (fds[1].revents != 0) {
+      char drain[64];
+      while (::read(wake_fd, drain, sizeof(drain)) > 0) {
+      }
+    }
+    if (fds[0].revents == 0) continue;
+    const ssize_t n = ::read(data_fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      stream_error = absl::InternalError(ErrnoMessage("reading the stage pipe"));
+      break;
+    }
+    if (n == 0) break;  // the child exited (or closed its end)
+    reader.Append(buffer.data(), static_cast<size_t>(n));
+    FrameType type;
+    std::string payload;
+    absl::Status corrupt;
+    while (reader.Next(&type, &payload, &corrupt)) {
+      switch (type) {
+        case FrameType::kMetrics: {
+          apapo::v1::MetricsReport m;
+          if (m.ParseFromString(payload) && report) report(m);
+          break;
+        }
+        case FrameType::kFinal:
+          if (final_metrics != nullptr) final_metrics->ParseFromString(payload);
+          break;
+        case FrameType::kStatus:
+          child_status = DecodeStatus(payload);
+          have_status = true;
+          break;
+      }
+    }
+    if (!corrupt.ok() && stream_error.ok()) {
+      stream_error = corrupt;
+      ::kill(child->pid, SIGKILL);
+    }
+  }
+
+  // Unregister before reaping, so that Stop never signals a reaped pid.
+  bool stopped;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped = child->stop_requested;
+    children_.erase(assignment.job_id());
+  }
+  int wstatus = 0;
+  pid_t waited;
+  do {
+    waited = ::waitpid(child->pid, &wstatus, 0);
+  } while (waited < 0 && errno == EINTR);
+  const bool clean_exit = waited == child->pid && WIFEXITED(wstatus) &&
+                          WEXITSTATUS(wstatus) == 0;
+  // A child that reported success and was not killed finished, even if a
+  // stop raced its end. (waitpid fails with ECHILD if the process ignores
+  // SIGCHLD; the reported status decides then.)
+  if (have_status && child_status.ok() && stream_error.ok() &&
+      (clean_exit || waited != child->pid)) {
+    return absl::OkStatus();
+  }
+  if (stopped) return absl::CancelledError("stopped");
+  if (have_status && !child_status.ok()) {
+    if (absl::StrContains(child_status.message(), label)) return child_status;
+    return absl::Status(child_status.code(),
+                        absl::StrCat(label, ": ", child_status.message()));
+  }
+  if (!stream_error.ok()) {
+    return absl::Status(stream_error.code(),
+                        absl::StrCat(label, ": ", stream_error.message()));
+  }
+  if (waited != child->pid) {
+    return absl::InternalError(absl::StrCat(
+        label, ": lost track of the stage process: ", ErrnoMessage("waitpid")));
+  }
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 127) {
+    return absl::InternalError(absl::StrCat(
+        label, ": cannot run the stage process '", options_.exe,
+        "' (exit code 127)"));
+  }
+  if (clean_exit) {
+    return absl::InternalError(absl::StrCat(
+        label, ": the stage process exited without reporting an outcome (does '",
+        options_.exe, "' handle --run_assignment?)"));
+  }
+  return absl::InternalError(absl::StrCat(label, ": the stage process ",
+                                          ExitCause(wstatus),
+                                          " without reporting a cause"));
+}
+
+}  // namespace apapo::worker

@@ -1,0 +1,257 @@
+// apapo-worker: the APapo worker binary.
+//
+//   apapo-worker --coordinator=HOST:PORT [--id=ID] [--threads=N]
+//       a worker daemon: registers with the coordinator, heartbeats, and
+//       profiles / trains the stages it is assigned, each in a child
+//       process; reconnects with backoff when the coordinator is away.
+//   apapo-worker --local=N --spec=job.textproto [--summary=FILE]
+//       trains the job on this machine in N worker processes (no
+//       coordinator) and writes a JSON summary.
+//   (internal) --run_assignment=FILE
+//       one stage process of the daemon (see worker/daemon/stage_process.h).
+//   (internal) --rank=R --world=N --store_port=P --spec=...
+//       one rank of a local job; started by the local launcher.
+//
+// Exit codes: 0 success; 1 training failed (a stage reported an error);
+// 2 bad usage or invalid spec; 3 internal error.
+//
+// Compute threads are bounded here, and only here: LibTorch's intra-op pool
+// (at::set_num_threads) and OpenBLAS's own pool, which ignores the former
+// (OPENBLAS_NUM_THREADS is set before exec for children, and
+// openblas_set_num_threads is called through dlsym in every process).
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "worker/daemon/daemon.h"
+#include "worker/daemon/profiler.h"
+#include "worker/daemon/stage_process.h"
+#include "worker/daemon/torch_job_runner.h"
+#include "worker/local_launcher.h"
+
+ABSL_FLAG(int, local, 0,
+          "Train --spec on this machine in this many worker processes.");
+ABSL_FLAG(std::string, spec, "", "JobSpec in protobuf text format.");
+ABSL_FLAG(std::string, summary, "", "Write the JSON run summary here.");
+ABSL_FLAG(int, threads, 0,
+          "Compute threads per worker process (LibTorch and OpenBLAS); 0: the "
+          "spec's resources.threads_per_worker, else cores / workers.");
+ABSL_FLAG(int, timeout_s, 120,
+          "Bound on every transfer wait; a dead or silent peer stops the job "
+          "within this many seconds.");
+ABSL_FLAG(std::string, coordinator, "",
+          "Run as a worker daemon connected to the coordinator at HOST:PORT.");
+ABSL_FLAG(std::string, id, "",
+          "Daemon: worker id, unique in the cluster (default HOSTNAME-PID).");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Daemon: address other workers reach this one at (rendezvous).");
+ABSL_FLAG(std::string, labels, "",
+          "Daemon: labels matched by job specs' worker_selector, "
+          "\"key=value,key=value\".");
+ABSL_FLAG(std::string, run_assignment, "",
+          "internal: train the serialized AssignStage in this file (the "
+          "daemon's stage process)");
+// Internal: set by the local launcher for each rank.
+ABSL_FLAG(int, rank, -1, "internal: rank of this worker process");
+ABSL_FLAG(int, world, 0, "internal: number of worker processes");
+ABSL_FLAG(int, store_port, 0, "internal: TCPStore port of the launcher");
+
+namespace {
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 3;
+
+int ExitCodeFor(const absl::Status& s) {
+  if (s.ok()) return 0;
+  if (s.code() == absl::StatusCode::kInvalidArgument ||
+      s.code() == absl::StatusCode::kNotFound ||
+      s.code() == absl::StatusCode::kUnimplemented) {
+    return kExitUsage;
+  }
+  if (s.code() == absl::StatusCode::kInternal) return kExitInternal;
+  return kExitFailed;
+}
+
+void BoundComputeThreads(int threads) {
+  at::set_num_threads(threads);
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(
+          dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    fn(threads);
+  }
+}
+
+int RunLocal(const apapo::v1::JobSpec& spec, int workers, int threads) {
+  // Children inherit the environment: OpenBLAS reads it at load time.
+  setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
+  setenv("OMP_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
+  apapo::worker::LocalJobOptions o;
+  o.workers = workers;
+  o.spec_path = absl::GetFlag(FLAGS_spec);
+  o.summary_path = absl::GetFlag(FLAGS_summary);
+  o.self_exe = "/proc/self/exe";
+  o.rank_args = {absl::StrCat("--spec=", o.spec_path),
+                 absl::StrCat("--threads=", threads),
+                 absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s))};
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::Status s = apapo::worker::RunLocalJob(spec, o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "apapo-worker: %s\n", s.ToString().c_str());
+    return s.code() == absl::StatusCode::kInternal &&
+                   absl::StrContains(s.message(), "exited with code")
+               ? kExitFailed
+               : ExitCodeFor(s);
+  }
+  return 0;
+}
+
+// The coordinator-connected daemon: runs until SIGINT/SIGTERM.
+int RunDaemon(int threads) {
+  // SIGINT/SIGTERM are taken by one thread; block them before any other
+  // thread starts (the stage children get a clean mask before exec).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  apapo::worker::DaemonOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  apapo::v1::WorkerInfo& info = options.info;
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  info.set_worker_id(absl::GetFlag(FLAGS_id).empty()
+                         ? absl::StrCat(hostname, "-", getpid())
+                         : absl::GetFlag(FLAGS_id));
+  info.set_host(absl::GetFlag(FLAGS_host));
+  info.set_cores(threads);
+  info.set_memory_bytes(apapo::worker::AvailableMemoryBytes());
+  apapo::v1::Device* cpu = info.add_devices();
+  cpu->set_kind("cpu");
+  cpu->set_name(hostname);
+  cpu->set_memory_bytes(info.memory_bytes());
+  info.mutable_build()->set_version("apapo 0.1");
+  info.mutable_build()->set_torch_version(TORCH_VERSION);
+#ifdef APAPO_CUDA
+  info.mutable_build()->set_cuda(true);
+#endif
+  for (absl::string_view kv :
+       absl::StrSplit(absl::GetFlag(FLAGS_labels), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> pair = absl::StrSplit(kv, '=');
+    if (pair.first.empty() || pair.second.empty()) {
+      std::fprintf(stderr, "apapo-worker: --labels: \"%s\" is not key=value\n",
+                   std::string(kv).c_str());
+      return kExitUsage;
+    }
+    (*info.mutable_labels())[pair.first] = pair.second;
+  }
+  if (absl::GetFlag(FLAGS_host).empty()) {
+    std::fprintf(stderr, "apapo-worker: --host must not be empty\n");
+    return kExitUsage;
+  }
+
+  // Stage children inherit the environment: OpenBLAS reads it at load time.
+  setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
+  setenv("OMP_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
+  apapo::worker::TorchJobRunner runner("/proc/self/exe");
+  apapo::worker::WorkerDaemon daemon(options, &runner);
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "apapo-worker: signal %d, shutting down\n", sig);
+    daemon.Shutdown();
+  });
+  std::fprintf(stderr, "apapo-worker: %s connecting to %s\n",
+               info.worker_id().c_str(), options.coordinator.c_str());
+  daemon.Run();
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "APapo worker.\n"
+      "  apapo-worker --coordinator=HOST:PORT [--id=ID] [--threads=N]\n"
+      "      a worker daemon serving the coordinator's jobs;\n"
+      "  apapo-worker --local=N --spec=job.textproto [--summary=FILE]\n"
+      "      trains a job on this machine in N processes.");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "apapo-worker: unexpected argument \"%s\" (see --help)\n",
+                 rest[1]);
+    return kExitUsage;
+  }
+  if (!absl::GetFlag(FLAGS_run_assignment).empty()) {
+    return apapo::worker::RunAssignmentChildMain(
+        absl::GetFlag(FLAGS_run_assignment));
+  }
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    int threads = absl::GetFlag(FLAGS_threads);
+    if (threads <= 0) {
+      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    }
+    BoundComputeThreads(threads);
+    return RunDaemon(threads);
+  }
+  const std::string spec_path = absl::GetFlag(FLAGS_spec);
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int local = absl::GetFlag(FLAGS_local);
+  if (local <= 0 && rank < 0) {
+    std::fprintf(stderr,
+                 "apapo-worker: nothing to do: pass --coordinator=HOST:PORT "
+                 "or --local=N --spec=FILE (see --help)\n");
+    return kExitUsage;
+  }
+  if (spec_path.empty()) {
+    std::fprintf(stderr, "apapo-worker: --spec is required\n");
+    return kExitUsage;
+  }
+  auto spec = apapo::worker::ReadJobSpec(spec_path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "apapo-worker: %s\n", spec.status().ToString().c_str());
+    return kExitUsage;
+  }
+  int threads = absl::GetFlag(FLAGS_threads);
+  const int workers = rank >= 0 ? absl::GetFlag(FLAGS_world) : local;
+  if (threads <= 0) threads = spec->resources().threads_per_worker();
+  if (threads <= 0) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    threads = std::max(1, cores / std::max(1, workers));
+  }
+  BoundComputeThreads(threads);
+  if (rank >= 0) {
+    apapo::worker::RankOptions o;
+    o.rank = rank;
+    o.world_size = workers;
+    o.store_port = absl::GetFlag(FLAGS_store_port);
+    o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+    absl::Status s = apapo::worker::RunRank(*spec, o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "apapo-worker rank %d: %s\n", rank,
+                   s.ToString().c_str());
+      // Exit without unwinding: peers' transfers may still reference us,
+      // and c10d teardown must not delay the failure.
+      std::fflush(stderr);
+      _exit(ExitCodeFor(s) == 0 ? kExitFailed : ExitCodeFor(s));
+    }
+    return 0;
+  }
+  return RunLocal(*spec, local, threads);
+}

@@ -1,0 +1,94 @@
+// Turns the nodes of one pipeline stage (an AnalyzedGraph plus a StageLayout)
+// into LibTorch computations.
+//
+// Parameters are NOT owned by the model: Forward() takes them as an explicit
+// list of tensors. That is what makes weight stashing exact and cheap: a
+// weight version is just a std::vector<at::Tensor>, an in-flight micro-batch
+// keeps the list its forward used (its autograd graph references those
+// tensors), and an update produces new tensors instead of writing in place.
+// Non-trainable buffers (BatchNorm running statistics) are owned by the model
+// and updated in place.
+//
+// Initialisation is seeded per node (seed, node id), so a node's initial
+// weights are the same whichever stage or process runs it; a pipeline and a
+// single-process model built from the same graph and seed start identical.
+//
+// Thread-safety: Create/InitParameters are thread-safe; Forward mutates
+// buffers and must be called from one thread at a time.
+
+#ifndef APAPO_WORKER_MODEL_BUILDER_H_
+#define APAPO_WORKER_MODEL_BUILDER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model_graph.h"
+
+namespace apapo {
+namespace worker {
+
+// What a stage's forward pass produced.
+struct StageForward {
+  // Non-last stages: one tensor per layout.outputs entry (labels included).
+  std::vector<at::Tensor> outputs;
+  // Last stage: mean cross-entropy of the micro-batch, the logits and labels.
+  at::Tensor loss;
+  at::Tensor logits;
+  at::Tensor labels;
+};
+
+class StageModel {
+ public:
+  // `graph` must outlive the model. Fails (INVALID_ARGUMENT naming the node)
+  // if a node's attributes cannot be turned into a kernel.
+  static absl::StatusOr<std::unique_ptr<StageModel>> Create(
+      const AnalyzedGraph& graph, const StageLayout& layout);
+  ~StageModel();
+
+  // Fresh initial parameters (leaf tensors with requires_grad), in the order
+  // of param_names().
+  std::vector<at::Tensor> InitParameters(int64_t seed) const;
+  // "<node>.<param>" for every parameter, in Forward()'s order.
+  const std::vector<std::string>& param_names() const { return param_names_; }
+  int64_t num_params() const { return layout_.num_params; }
+  const StageLayout& layout() const { return layout_; }
+
+  // Runs the stage. `inputs`: stage 0 gets {samples, labels}; other stages
+  // one tensor per layout().inputs entry. Shapes carry a leading micro-batch
+  // dimension. `params` is one weight version (see InitParameters).
+  // LibTorch errors become INTERNAL / INVALID_ARGUMENT naming the node.
+  absl::StatusOr<StageForward> Forward(const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& params,
+                                       bool training);
+
+  // BatchNorm running statistics, for checkpoints (may be empty).
+  std::vector<at::Tensor> Buffers() const;
+
+ private:
+  struct Kernel;
+  StageModel(const AnalyzedGraph& graph, StageLayout layout);
+
+  const AnalyzedGraph& graph_;
+  StageLayout layout_;
+  std::vector<std::unique_ptr<Kernel>> kernels_;  // one per layout_.nodes
+  std::vector<std::string> param_names_;
+  std::vector<int> output_slots_;  // value-table index of each output entry
+  int labels_slot_ = -1;           // value-table index of the labels
+};
+
+// Number of correct top-1 predictions of `logits` ([N, C] or [N, T, C])
+// against `labels` (first `valid` rows only; -1 = all), and the number of
+// predictions counted.
+std::pair<int64_t, int64_t> CountCorrect(const at::Tensor& logits,
+                                         const at::Tensor& labels,
+                                         int64_t valid = -1);
+
+}  // namespace worker
+}  // namespace apapo
+
+#endif  // APAPO_WORKER_MODEL_BUILDER_H_

@@ -1,0 +1,161 @@
+// Layer graphs without LibTorch: the built-in networks as ModelGraph protos,
+// validation, topological order, shape and cost inference, and the layout of
+// pipeline stages (which tensors cross each cut, in which order).
+//
+// Everything here is pure C++ over protos so that planning, the launcher and
+// the shape checks build and test without a LibTorch translation unit; the
+// torch side (model_builder.h) consumes an AnalyzedGraph.
+//
+// Thread-safety: free functions are thread-safe; AnalyzedGraph and
+// StageLayout are immutable values after construction.
+
+#ifndef APAPO_WORKER_MODEL_GRAPH_H_
+#define APAPO_WORKER_MODEL_GRAPH_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/apapo/v1/job.pb.h"
+#include "proto/apapo/v1/model.pb.h"
+
+namespace apapo {
+namespace worker {
+
+// The shape of one sample (no batch dimension).
+using Shape = std::vector<int64_t>;
+std::string ShapeToString(const Shape& shape);
+
+enum class DType { kFloat32, kInt64 };
+absl::string_view DTypeName(DType dtype);
+
+// What the data source feeds the graph: one input tensor and the labels.
+struct DataShape {
+  Shape sample_shape;       // e.g. {1, 28, 28}
+  DType sample_dtype = DType::kFloat32;
+  int64_t num_classes = 0;  // classes (or vocabulary size for LMs)
+};
+
+// The sample shape a job's data yields (Fashion-MNIST {1,28,28}/10 classes,
+// text {context} int64 tokens/256, synthetic as given).
+absl::StatusOr<DataShape> DataShapeForJob(const apapo::v1::DataSpec& data);
+
+// A built-in network as a layer graph. Hyper-parameters (missing ones take
+// these defaults):
+//   mlp: hidden (2048), layers (4 hidden layers), dropout (0).
+//   cnn: the PyTorch MNIST example: conv 32 - conv 64 - maxpool - dropout
+//        (dropout1, 0.25) - fc 128 - dropout (dropout2, 0.5) - fc classes.
+//   resnet: width (16), blocks (2 basic blocks per width, two widths, the
+//        second with a strided 1x1 projection shortcut).
+//   transformer_lm: layers (2), d_model (128), heads (4), mlp_ratio (4).
+//        Context and vocabulary come from the data shape.
+absl::StatusOr<apapo::v1::ModelGraph> BuiltinGraph(
+    const apapo::v1::BuiltinModel& model, const DataShape& data);
+
+// The graph a job trains (built-in or given). TorchScript is UNIMPLEMENTED.
+absl::StatusOr<apapo::v1::ModelGraph> GraphForJob(
+    const apapo::v1::JobSpec& spec);
+
+// A parameter tensor of a node, in the order the node's kernel expects it.
+struct ParamInfo {
+  std::string name;  // "weight", "bias", "qkv.weight", ...
+  Shape shape;
+  // Init bound for U(-bound, bound); NaN-free. <0 means a constant (see
+  // `fill`): LayerNorm/BatchNorm weights are 1, their biases 0.
+  double bound = 0.0;
+  double fill = 0.0;
+};
+
+// One node after validation and shape inference.
+struct NodeInfo {
+  const apapo::v1::LayerNode* node = nullptr;  // points into the graph
+  std::vector<int> inputs;                     // indices into nodes
+  std::vector<int> consumers;
+  Shape out_shape;
+  DType out_dtype = DType::kFloat32;
+  std::vector<ParamInfo> params;
+  int64_t num_params = 0;
+  // Forward multiply-accumulates (or element operations) per sample.
+  int64_t forward_ops = 0;
+
+  const std::string& id() const { return node->id(); }
+  apapo::v1::LayerKind kind() const { return node->kind(); }
+};
+
+// A validated graph with nodes in a topological order.
+class AnalyzedGraph {
+ public:
+  // Validates `graph` (unique ids, known inputs, acyclic, exactly one INPUT
+  // and one CROSS_ENTROPY_LOSS sink, known kinds and attributes) and infers
+  // every node's output shape. Errors are INVALID_ARGUMENT naming the node;
+  // shape mismatches name the node and both shapes; unsupported kinds are
+  // UNIMPLEMENTED.
+  static absl::StatusOr<AnalyzedGraph> Create(apapo::v1::ModelGraph graph);
+
+  const apapo::v1::ModelGraph& graph() const { return *graph_; }
+  // Topological order (stable: ties keep the proto's order).
+  const std::vector<NodeInfo>& nodes() const { return nodes_; }
+  int IndexOf(absl::string_view id) const;  // -1 when unknown
+  int input_index() const { return input_index_; }
+  int loss_index() const { return loss_index_; }
+  // Per-sample label shape the loss expects ({} or {T}).
+  const Shape& label_shape() const { return label_shape_; }
+  int64_t num_params() const;
+
+ private:
+  AnalyzedGraph() = default;
+  // Shared and immutable so NodeInfo::node stays valid across copies.
+  std::shared_ptr<const apapo::v1::ModelGraph> graph_;
+  std::vector<NodeInfo> nodes_;
+  absl::flat_hash_map<std::string, int> index_;
+  int input_index_ = -1;
+  int loss_index_ = -1;
+  Shape label_shape_;
+};
+
+// The name of the labels entry that travels with every cut's bundle.
+inline constexpr absl::string_view kLabelsEntry = "__labels__";
+
+// One tensor of the bundle that crosses a cut.
+struct BundleEntry {
+  std::string name;  // producing node id, or kLabelsEntry
+  Shape sample_shape;
+  DType dtype = DType::kFloat32;
+};
+
+// What one stage runs and what crosses its two cuts.
+struct StageLayout {
+  int index = 0;
+  std::vector<int> nodes;            // graph node indices, topological
+  std::vector<BundleEntry> inputs;   // empty for stage 0 (it reads data)
+  std::vector<BundleEntry> outputs;  // empty for the last stage
+  bool is_first = false;
+  bool is_last = false;
+  int64_t num_params = 0;
+  int64_t forward_ops = 0;
+};
+
+// Lays out the stages given each stage's node ids. Every node must belong to
+// exactly one stage, the INPUT node to stage 0, the loss to the last stage,
+// and no node may consume a later stage's output. A tensor needed by a later
+// stage passes through the stages in between (it is part of each cut's
+// bundle), as are the labels.
+absl::StatusOr<std::vector<StageLayout>> LayoutStages(
+    const AnalyzedGraph& graph,
+    const std::vector<std::vector<std::string>>& stage_nodes);
+
+// Splits the topological order into `num_stages` contiguous pieces that
+// minimise the largest per-stage forward cost (a stand-in until the
+// partitioner's planner is wired in). Returns node ids per stage.
+absl::StatusOr<std::vector<std::vector<std::string>>> BalancedSplit(
+    const AnalyzedGraph& graph, int num_stages);
+
+}  // namespace worker
+}  // namespace apapo
+
+#endif  // APAPO_WORKER_MODEL_GRAPH_H_

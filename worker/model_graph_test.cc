@@ -1,0 +1,206 @@
+#include "worker/model_graph.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace apapo {
+namespace worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+apapo::v1::ModelGraph ParseGraph(const std::string& text) {
+  apapo::v1::ModelGraph g;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
+  return g;
+}
+
+DataShape Mnist() { return DataShape{{1, 28, 28}, DType::kFloat32, 10}; }
+
+apapo::v1::BuiltinModel Builtin(const std::string& name) {
+  apapo::v1::BuiltinModel m;
+  m.set_name(name);
+  return m;
+}
+
+TEST(ModelGraphTest, BuiltinMlpHasReferenceShapeAndSize) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto g = AnalyzedGraph::Create(*graph);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // 784-2048x4-10.
+  EXPECT_EQ(g->num_params(), 784 * 2048 + 2048 + 3 * (2048 * 2048 + 2048) +
+                                 2048 * 10 + 10);
+  EXPECT_EQ(g->nodes()[g->IndexOf("fc5")].out_shape, (Shape{10}));
+  EXPECT_TRUE(g->label_shape().empty());
+}
+
+TEST(ModelGraphTest, BuiltinCnnMatchesPyTorchExample) {
+  auto graph = BuiltinGraph(Builtin("cnn"), Mnist());
+  ASSERT_TRUE(graph.ok());
+  auto g = AnalyzedGraph::Create(*graph);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->nodes()[g->IndexOf("pool")].out_shape, (Shape{64, 12, 12}));
+  EXPECT_EQ(g->nodes()[g->IndexOf("flatten")].out_shape, (Shape{9216}));
+  // PyTorch's example Net has 1,199,882 parameters.
+  EXPECT_EQ(g->num_params(), 1199882);
+}
+
+TEST(ModelGraphTest, ResnetAndTransformerAnalyse) {
+  auto resnet = BuiltinGraph(Builtin("resnet"), Mnist());
+  ASSERT_TRUE(resnet.ok());
+  auto g = AnalyzedGraph::Create(*resnet);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->nodes()[g->IndexOf("gap")].out_shape, (Shape{32, 1, 1}));
+
+  auto lm = BuiltinGraph(Builtin("transformer_lm"),
+                         DataShape{{32}, DType::kInt64, 256});
+  ASSERT_TRUE(lm.ok()) << lm.status();
+  auto l = AnalyzedGraph::Create(*lm);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->nodes()[l->IndexOf("head")].out_shape, (Shape{32, 256}));
+  EXPECT_EQ(l->label_shape(), (Shape{32}));
+  // The LM needs token data.
+  EXPECT_FALSE(BuiltinGraph(Builtin("transformer_lm"), Mnist()).ok());
+}
+
+TEST(ModelGraphTest, UnknownBuiltinIsInvalidArgument) {
+  auto g = BuiltinGraph(Builtin("vgg"), Mnist());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("vgg"));
+}
+
+TEST(ModelGraphTest, ShapeMismatchNamesNodeAndBothShapes) {
+  auto g = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "a" kind: LAYER_KIND_LINEAR inputs: "input"
+            attrs { key: "out_features" value { i: 4 } } }
+    nodes { id: "b" kind: LAYER_KIND_LINEAR inputs: "input"
+            attrs { key: "out_features" value { i: 5 } } }
+    nodes { id: "sum" kind: LAYER_KIND_ADD inputs: "a" inputs: "b" }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "sum" }
+  )pb"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(g.status().message());
+  EXPECT_THAT(msg, HasSubstr("'sum'"));
+  EXPECT_THAT(msg, HasSubstr("[5]"));
+  EXPECT_THAT(msg, HasSubstr("[4]"));
+}
+
+TEST(ModelGraphTest, ConvOnFlatInputIsAShapeError) {
+  auto g = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 784 } } } }
+    nodes { id: "conv" kind: LAYER_KIND_CONV2D inputs: "input"
+            attrs { key: "out_channels" value { i: 4 } }
+            attrs { key: "kernel_size" value { i: 3 } } }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "conv" }
+  )pb"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("'conv'"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("[784]"));
+}
+
+TEST(ModelGraphTest, UnknownKindAndAttributeAreClearErrors) {
+  auto g = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "weird" kind: 99 inputs: "input" }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "weird" }
+  )pb"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("'weird'"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("unknown layer kind"));
+
+  auto h = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "fc" kind: LAYER_KIND_LINEAR inputs: "input"
+            attrs { key: "out_features" value { i: 4 } }
+            attrs { key: "colour" value { s: "red" } } }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "fc" }
+  )pb"));
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("colour"));
+
+  auto ts = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "c0" kind: LAYER_KIND_TORCHSCRIPT_CHILD }
+  )pb"));
+  EXPECT_EQ(ts.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(ModelGraphTest, CycleAndUnknownInputAreRefused) {
+  auto g = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "a" kind: LAYER_KIND_RELU inputs: "b" }
+    nodes { id: "b" kind: LAYER_KIND_RELU inputs: "a" }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "input" }
+  )pb"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("cycle"));
+  auto h = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "nope" }
+  )pb"));
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("'nope'"));
+}
+
+TEST(ModelGraphTest, ResnetCutPassesSkipTensorsThroughTheBundle) {
+  auto graph = BuiltinGraph(Builtin("resnet"), Mnist());
+  auto g = AnalyzedGraph::Create(*graph);
+  ASSERT_TRUE(g.ok());
+  // Cut inside a residual block: after s0b0_conv1, so the block input
+  // (stem_relu) must cross with it.
+  std::vector<std::vector<std::string>> stages(2);
+  bool first = true;
+  for (const NodeInfo& n : g->nodes()) {
+    stages[first ? 0 : 1].push_back(n.id());
+    if (n.id() == "s0b0_conv1_bn") first = false;
+  }
+  auto layouts = LayoutStages(*g, stages);
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  ASSERT_EQ((*layouts)[0].outputs.size(), 3u);
+  EXPECT_EQ((*layouts)[0].outputs[0].name, "stem_relu");
+  EXPECT_EQ((*layouts)[0].outputs[1].name, "s0b0_conv1_bn");
+  EXPECT_EQ((*layouts)[0].outputs[2].name, std::string(kLabelsEntry));
+  EXPECT_EQ((*layouts)[0].outputs[2].dtype, DType::kInt64);
+  EXPECT_EQ((*layouts)[1].inputs.size(), 3u);
+  EXPECT_TRUE((*layouts)[1].outputs.empty());
+}
+
+TEST(ModelGraphTest, LayoutRejectsBadPlans) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  auto g = AnalyzedGraph::Create(*graph);
+  ASSERT_TRUE(g.ok());
+  std::vector<std::vector<std::string>> stages(2);
+  for (const NodeInfo& n : g->nodes()) stages[0].push_back(n.id());
+  // Stage 1 empty is fine for layout except the loss must be last.
+  EXPECT_FALSE(LayoutStages(*g, stages).ok());
+  stages[1].push_back("ghost");
+  EXPECT_THAT(std::string(LayoutStages(*g, stages).status().message()),
+              HasSubstr("ghost"));
+}
+
+TEST(ModelGraphTest, BalancedSplitOfMlpBalancesCompute) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  auto g = AnalyzedGraph::Create(*graph);
+  auto split = BalancedSplit(*g, 2);
+  ASSERT_TRUE(split.ok()) << split.status();
+  auto layouts = LayoutStages(*g, *split);
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  const double a = (*layouts)[0].forward_ops;
+  const double b = (*layouts)[1].forward_ops;
+  EXPECT_LT(std::max(a, b) / (a + b), 0.6);
+  auto three = BalancedSplit(*g, 3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_TRUE(LayoutStages(*g, *three).ok());
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace apapo

@@ -1,0 +1,63 @@
+// Functional optimizers for stage parameters: SGD (momentum, Nesterov,
+// weight decay) and Adam, with learning-rate warm-up/decay and gradient-norm
+// clipping, following torch.optim's update formulas.
+//
+// Step() never writes the parameters it is given: it returns a new weight
+// version (fresh leaf tensors), so versions stashed for in-flight
+// micro-batches stay intact. Optimizer state (momentum, Adam moments) is
+// per stage and updated in place.
+//
+// Thread-safety: not thread-safe; one Optimizer per stage executor thread.
+
+#ifndef APAPO_WORKER_OPTIMIZER_H_
+#define APAPO_WORKER_OPTIMIZER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/apapo/v1/job.pb.h"
+
+namespace apapo {
+namespace worker {
+
+class Optimizer {
+ public:
+  // `total_steps` is the run's number of updates (for cosine decay).
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const apapo::v1::OptimizerSpec& spec, int64_t total_steps);
+
+  // Learning rate of update number `step` (0-based).
+  double LearningRate(int64_t step) const;
+
+  // Applies update number `step`: clips `grads` (their global norm, when
+  // grad_clip_norm > 0; modified in place), then returns the next version of
+  // `params`. `params` and `grads` must have the same length and shapes.
+  std::vector<at::Tensor> Step(const std::vector<at::Tensor>& params,
+                               std::vector<at::Tensor>& grads, int64_t step);
+
+  // Optimizer state for checkpoints: a flat list of tensors (empty until the
+  // first step for SGD without momentum).
+  std::vector<at::Tensor> State() const;
+  absl::Status LoadState(const std::vector<at::Tensor>& state,
+                         const std::vector<at::Tensor>& params);
+
+ private:
+  explicit Optimizer(const apapo::v1::OptimizerSpec& spec, int64_t total);
+
+  apapo::v1::OptimizerSpec spec_;
+  int64_t total_steps_;
+  bool adam_;
+  int64_t adam_steps_ = 0;
+  std::vector<at::Tensor> slot1_;  // SGD momentum buffer / Adam first moment
+  std::vector<at::Tensor> slot2_;  // Adam second moment
+};
+
+}  // namespace worker
+}  // namespace apapo
+
+#endif  // APAPO_WORKER_OPTIMIZER_H_

@@ -1,0 +1,138 @@
+// Point-to-point and replica-group communication between stage processes.
+//
+// Transport is the interface the stage executor talks to; GlooTransport
+// implements it over c10d's ProcessGroupGloo rendezvoused through a
+// TCPStore (CPU). A CUDA/NCCL transport lives in nccl_transport.h (built
+// with --config=cuda).
+//
+// Overlap model: every peer has dedicated communication threads, one per
+// direction. Send() only enqueues: the peer's send thread posts the transfer
+// and waits for it, so the compute thread never blocks on a send until
+// Flush(). ExpectRecv() declares, in order, the messages a peer will send;
+// the peer's receive thread keeps up to `recv_lookahead` of them posted ahead
+// so the bytes land while the stage computes, and Recv() returns a message
+// as soon as it is in. Gloo's TCP transport is rendezvous-based (a send
+// completes once the matching receive is posted), which is why receives are
+// posted ahead.
+//
+// Failure model: every wait is bounded by `timeout`. A dead peer (closed
+// connection) or an expired wait makes every later call fail with
+// UNAVAILABLE / DEADLINE_EXCEEDED naming this rank's stage, the peer and the
+// cause; nothing hangs.
+//
+// Thread-safety: all methods are thread-safe, but messages to one peer are
+// ordered as Send() is called, so a stage normally calls them from its one
+// compute thread. Call order: Create -> (ExpectRecv | Send | Recv |
+// AllReduce)* -> Flush -> destroy.
+
+#ifndef APAPO_WORKER_TRANSPORT_H_
+#define APAPO_WORKER_TRANSPORT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/model_graph.h"
+
+namespace apapo {
+namespace worker {
+
+// Cumulative counters of one transport.
+struct TransportStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  // Sum over sends of the time from posting to completion (comm threads).
+  double send_seconds = 0;
+  // Sum over receives of the time from posting to arrival (comm threads);
+  // includes waiting for the peer to produce the message.
+  double recv_seconds = 0;
+  // Time the caller blocked in Recv() / Flush() / AllReduce().
+  double recv_wait_seconds = 0;
+  double flush_wait_seconds = 0;
+  double allreduce_seconds = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Enqueues `bytes` (a contiguous kUInt8 CPU tensor, kept alive until sent)
+  // for `dst` under `tag`. Fails only if the transport has already failed.
+  virtual absl::Status Send(int dst, int64_t tag, at::Tensor bytes) = 0;
+  // Declares the next message `src` will send to us: its tag and size.
+  virtual absl::Status ExpectRecv(int src, int64_t tag, int64_t nbytes) = 0;
+  // Returns the declared message (src, tag) once it has arrived.
+  virtual absl::StatusOr<at::Tensor> Recv(int src, int64_t tag) = 0;
+  // Waits until every enqueued send has completed.
+  virtual absl::Status Flush() = 0;
+  // Sums `tensors` over the replica group `group` (an index into the groups
+  // given at creation); the entries of `tensors` are replaced by the sums.
+  virtual absl::Status AllReduceSum(int group,
+                                    std::vector<at::Tensor>& tensors) = 0;
+  virtual TransportStats Stats() const = 0;
+};
+
+struct GlooTransportOptions {
+  // Rendezvous: the TCPStore served by the launcher (or a test).
+  std::string store_host = "127.0.0.1";
+  int store_port = 0;
+  // Namespace inside the store, so several jobs can share one store.
+  std::string store_prefix = "apapo";
+  int rank = 0;
+  int world_size = 1;
+  // Bound on every wait (connect, transfer, all-reduce).
+  absl::Duration timeout = absl::Seconds(120);
+  // Receives kept posted ahead per peer.
+  int recv_lookahead = 8;
+  // Replica groups (lists of global ranks). Groups this rank is not in are
+  // ignored; AllReduceSum takes an index into this list.
+  std::vector<std::vector<int>> groups;
+  // Shown in errors: "stage 1 (rank 2)".
+  std::string label;
+};
+
+// Connects to the store and to every other rank; fails (UNAVAILABLE /
+// DEADLINE_EXCEEDED naming the cause) if a peer does not show up in time.
+absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(
+    const GlooTransportOptions& options);
+
+// Starts a TCPStore server on `host`, port 0 (a free port), for the launcher
+// and tests. The returned handle keeps it alive; *port receives the port.
+class StoreServer {
+ public:
+  virtual ~StoreServer() = default;
+  virtual int port() const = 0;
+  // Reads a key set by a worker (waits up to `timeout`).
+  virtual absl::StatusOr<std::string> Get(const std::string& key,
+                                          absl::Duration timeout) = 0;
+};
+absl::StatusOr<std::unique_ptr<StoreServer>> StartStoreServer(
+    const std::string& host = "127.0.0.1");
+
+// Stores `value` under `key` in the store (workers report results this way).
+absl::Status PutToStore(const std::string& host, int port,
+                        const std::string& key, const std::string& value);
+
+// ---- bundles: the tensors that cross a cut, packed as one message ----
+
+// Bytes of one bundle of `entries` for `batch` samples.
+int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch);
+// Packs tensors (any dtypes) into one contiguous kUInt8 tensor.
+at::Tensor PackBundle(const std::vector<at::Tensor>& tensors);
+// Views `bytes` as the bundle's tensors (no copy; the views share `bytes`).
+absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
+    const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
+    int64_t batch);
+
+}  // namespace worker
+}  // namespace apapo
+
+#endif  // APAPO_WORKER_TRANSPORT_H_

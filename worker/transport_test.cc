@@ -1,0 +1,178 @@
+// Transport tests. Two ranks run as threads of this process, except the
+// peer-death test, which re-executes this binary as a real peer process
+// (`transport_test --peer=PORT`) and kills it.
+
+#include "worker/transport.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace apapo {
+namespace worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+GlooTransportOptions Options(int port, int rank, int world) {
+  GlooTransportOptions o;
+  o.store_port = port;
+  o.rank = rank;
+  o.world_size = world;
+  o.timeout = absl::Seconds(60);
+  o.label = absl::StrCat("stage ", rank, " (rank ", rank, ")");
+  o.groups = {{0, 1}};
+  return o;
+}
+
+TEST(BundleTest, PackUnpackRoundTripsMixedDtypes) {
+  std::vector<BundleEntry> entries = {
+      {"a", {3}, DType::kFloat32},  // 12 bytes per sample: needs padding
+      {"labels", {}, DType::kInt64}};
+  at::Tensor a = torch::arange(9, torch::kFloat).view({3, 3});
+  at::Tensor y = torch::tensor({7, 8, 9}, torch::kLong);
+  at::Tensor bytes = PackBundle({a, y});
+  EXPECT_EQ(bytes.numel(), BundleBytes(entries, 3));
+  auto back = UnpackBundle(bytes, entries, 3);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(torch::equal((*back)[0], a));
+  EXPECT_TRUE(torch::equal((*back)[1], y));
+  EXPECT_FALSE(UnpackBundle(bytes, entries, 4).ok());
+}
+
+TEST(GlooTransportTest, SendRecvAndAllReduceBetweenTwoRanks) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  absl::Status peer_status;
+  std::thread peer([&] {
+    auto t = CreateGlooTransport(Options(port, 1, 2));
+    if (!t.ok()) {
+      peer_status = t.status();
+      return;
+    }
+    // Receive three messages posted ahead, answer each, then all-reduce.
+    for (int i = 0; i < 3; ++i) {
+      peer_status.Update((*t)->ExpectRecv(0, i, 16));
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto m = (*t)->Recv(0, i);
+      if (!m.ok()) {
+        peer_status = m.status();
+        return;
+      }
+      at::Tensor reply = m->clone();
+      reply.add_(1);
+      peer_status.Update((*t)->Send(0, 100 + i, reply));
+    }
+    std::vector<at::Tensor> g = {torch::full({4}, 3.0f)};
+    peer_status.Update((*t)->AllReduceSum(0, g));
+    peer_status.Update((*t)->Flush());
+  });
+  auto t = CreateGlooTransport(Options(port, 0, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*t)->ExpectRecv(1, 100 + i, 16).ok());
+    ASSERT_TRUE(
+        (*t)->Send(1, i, torch::full({16}, i, torch::kUInt8)).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto m = (*t)->Recv(1, 100 + i);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(torch::equal(*m, torch::full({16}, i + 1, torch::kUInt8)));
+  }
+  std::vector<at::Tensor> g = {torch::full({4}, 1.0f)};
+  ASSERT_TRUE((*t)->AllReduceSum(0, g).ok());
+  EXPECT_TRUE(torch::allclose(g[0], torch::full({4}, 4.0f)));
+  ASSERT_TRUE((*t)->Flush().ok());
+  peer.join();
+  EXPECT_TRUE(peer_status.ok()) << peer_status;
+  const TransportStats stats = (*t)->Stats();
+  EXPECT_EQ(stats.bytes_sent, 48);
+  EXPECT_EQ(stats.bytes_received, 48);
+}
+
+TEST(GlooTransportTest, SilentPeerIsADeadlineNotAHang) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  std::unique_ptr<Transport> peer_transport;
+  std::thread peer([&] {
+    auto o = Options(port, 1, 2);
+    o.timeout = absl::Seconds(1);
+    auto t = CreateGlooTransport(o);
+    if (t.ok()) peer_transport = *std::move(t);
+  });
+  auto o = Options(port, 0, 2);
+  o.timeout = absl::Seconds(1);
+  auto t = CreateGlooTransport(o);
+  peer.join();
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->ExpectRecv(1, 5, 8).ok());
+  auto m = (*t)->Recv(1, 5);  // the peer never sends
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("stage 0"));
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("rank 1"));
+  // The transport stays failed.
+  EXPECT_FALSE((*t)->Send(1, 1, torch::zeros({1}, torch::kUInt8)).ok());
+}
+
+TEST(GlooTransportTest, DeadPeerProcessFailsPendingReceive) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string arg = absl::StrCat("--peer=", port);
+    execl("/proc/self/exe", "transport_test", arg.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto t = CreateGlooTransport(Options(port, 0, 2));  // 60 s timeout
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->ExpectRecv(1, 3, 64).ok());
+  // The peer is connected and waiting; kill it mid-job.
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  auto m = (*t)->Recv(1, 3);
+  ASSERT_FALSE(m.ok());
+  // A closed connection is reported as such, not as an expired timeout.
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("stage 0"));
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("rank 1"));
+}
+
+// Peer mode: connect as rank 1, then wait to be killed.
+int RunPeer(int port) {
+  auto t = CreateGlooTransport(Options(port, 1, 2));
+  if (!t.ok()) return 2;
+  pause();
+  return 0;
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace apapo
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strncmp(argv[1], "--peer=", 7) == 0) {
+    int port = 0;
+    if (!absl::SimpleAtoi(argv[1] + 7, &port)) return 2;
+    return apapo::worker::RunPeer(port);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
