@@ -21,6 +21,9 @@
 #ifndef APAPO_WORKER_NCCL_TRANSPORT_H_
 #define APAPO_WORKER_NCCL_TRANSPORT_H_
 
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -30,7 +33,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/cuda_nccl_api.h"
 
 namespace apapo {
 namespace worker {
