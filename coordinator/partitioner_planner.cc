@@ -48,18 +48,6 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   return cluster;
 }
 
-apapo::schedule::ScheduleKind ToSchedule(apapo::v1::ScheduleKind kind) {
-  switch (kind) {
-    case apapo::v1::SCHEDULE_KIND_2BW: return apapo::schedule::ScheduleKind::k2BW;
-    case apapo::v1::SCHEDULE_KIND_GPIPE: return apapo::schedule::ScheduleKind::kGPipe;
-    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH:
-      return apapo::schedule::ScheduleKind::k1F1BFlush;
-    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL:
-      return apapo::schedule::ScheduleKind::kDataParallel;
-    default: return apapo::schedule::ScheduleKind::kAsync;
-  }
-}
-
 absl::StatusOr<pt::Plan> PlanWith(const pt::Graph& graph,
                                   const pt::Cluster& cluster,
                                   pt::PlannerOptions options) {
@@ -84,7 +72,10 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
 
   pt::PlannerOptions options;
   options.cost_model = pt::CostModel::kApapo;
-  options.schedule = ToSchedule(spec.schedule().kind());
+  absl::StatusOr<apapo::schedule::ScheduleKind> kind =
+      pt::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
+  if (!kind.ok()) return kind.status();
+  options.schedule = *kind;
   options.micro_batches = EffectiveMicroBatches(spec);
   options.batch_size = spec.data().batch_size();
   if (spec.schedule().has_max_staleness()) {

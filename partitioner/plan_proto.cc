@@ -29,6 +29,26 @@ apapo::v1::ScheduleKind ScheduleToProto(schedule::ScheduleKind kind) {
   return apapo::v1::SCHEDULE_KIND_UNSPECIFIED;
 }
 
+absl::StatusOr<schedule::ScheduleKind> ScheduleFromProto(
+    apapo::v1::ScheduleKind kind, absl::string_view field) {
+  switch (kind) {
+    case apapo::v1::SCHEDULE_KIND_UNSPECIFIED:  // auto: APapo's schedule
+    case apapo::v1::SCHEDULE_KIND_ASYNC:
+      return schedule::ScheduleKind::kAsync;
+    case apapo::v1::SCHEDULE_KIND_2BW:
+      return schedule::ScheduleKind::k2BW;
+    case apapo::v1::SCHEDULE_KIND_GPIPE:
+      return schedule::ScheduleKind::kGPipe;
+    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH:
+      return schedule::ScheduleKind::k1F1BFlush;
+    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL:
+      return schedule::ScheduleKind::kDataParallel;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", static_cast<int>(kind)));
+  }
+}
+
 apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
                             absl::string_view model) {
   apapo::v1::Plan out;

@@ -20,6 +20,10 @@ namespace apapo {
 namespace partitioner {
 
 apapo::v1::ScheduleKind ScheduleToProto(schedule::ScheduleKind kind);
+// The schedule a proto kind names; UNSPECIFIED ("auto") is APapo's async.
+// INVALID_ARGUMENT "<field>: unknown value N" for values outside the enum.
+absl::StatusOr<schedule::ScheduleKind> ScheduleFromProto(
+    apapo::v1::ScheduleKind kind, absl::string_view field = "schedule.kind");
 
 // Stage node ids are written as in the input; worker ids are "w<index>" and
 // ranks count replicas in pipeline order.

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
+#include "partitioner/plan_proto.h"
 #include "partitioner/schedule.h"
 #include "worker/daemon/stage_channel.h"
 #include "worker/data.h"
@@ -34,25 +35,6 @@ using apapo::v1::MetricsReport;
 
 constexpr absl::Duration kDefaultTimeout = absl::Seconds(120);
 constexpr int kDefaultMicroBatches = 4;  // as the coordinator's validator
-
-absl::StatusOr<schedule::ScheduleKind> KindFromPlan(apapo::v1::ScheduleKind k) {
-  switch (k) {
-    case apapo::v1::SCHEDULE_KIND_UNSPECIFIED:  // auto: APapo's schedule
-    case apapo::v1::SCHEDULE_KIND_ASYNC:
-      return schedule::ScheduleKind::kAsync;
-    case apapo::v1::SCHEDULE_KIND_2BW:
-      return schedule::ScheduleKind::k2BW;
-    case apapo::v1::SCHEDULE_KIND_GPIPE:
-      return schedule::ScheduleKind::kGPipe;
-    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH:
-      return schedule::ScheduleKind::k1F1BFlush;
-    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL:
-      return schedule::ScheduleKind::kDataParallel;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan.schedule: unknown value ", k));
-  }
-}
 
 absl::Status Prefixed(const std::string& label, const absl::Status& s) {
   if (s.ok()) return s;
@@ -77,7 +59,7 @@ absl::StatusOr<StagePlan> PlanFromAssignment(const AssignStage& a) {
   if (plan.stages_size() == 0) {
     return absl::InvalidArgumentError("plan: no stages");
   }
-  auto kind = KindFromPlan(plan.schedule());
+  auto kind = partitioner::ScheduleFromProto(plan.schedule(), "plan.schedule");
   if (!kind.ok()) return kind.status();
   if (*kind == schedule::ScheduleKind::kDataParallel &&
       plan.stages_size() != 1) {
