@@ -17,33 +17,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/text_format.h"
+#include "partitioner/plan_proto.h"
 #include "proto/apapo/v1/metrics.pb.h"
 #include "worker/data.h"
 #include "worker/stage_executor.h"
+#include "worker/torchscript_model.h"
 #include "worker/transport.h"
 
 namespace apapo {
 namespace worker {
 namespace {
-
-absl::StatusOr<schedule::ScheduleKind> KindFromSpec(apapo::v1::ScheduleKind k) {
-  switch (k) {
-    case apapo::v1::SCHEDULE_KIND_UNSPECIFIED:  // auto
-    case apapo::v1::SCHEDULE_KIND_ASYNC:
-      return schedule::ScheduleKind::kAsync;
-    case apapo::v1::SCHEDULE_KIND_2BW:
-      return schedule::ScheduleKind::k2BW;
-    case apapo::v1::SCHEDULE_KIND_GPIPE:
-      return schedule::ScheduleKind::kGPipe;
-    case apapo::v1::SCHEDULE_KIND_1F1B_FLUSH:
-      return schedule::ScheduleKind::k1F1BFlush;
-    case apapo::v1::SCHEDULE_KIND_DATA_PARALLEL:
-      return schedule::ScheduleKind::kDataParallel;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.schedule.kind: unknown value ", k));
-  }
-}
 
 std::string Json(double v) {
   if (!std::isfinite(v)) return "null";
@@ -92,7 +75,7 @@ absl::StatusOr<apapo::v1::JobSpec> ReadJobSpec(const std::string& path) {
 absl::StatusOr<LocalPlan> PlanLocalJob(const apapo::v1::JobSpec& spec,
                                        const AnalyzedGraph& graph,
                                        int workers) {
-  auto kind = KindFromSpec(spec.schedule().kind());
+  auto kind = partitioner::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
   if (!kind.ok()) return kind.status();
   LocalPlan plan;
   int replicas = spec.schedule().replicas() > 0 ? spec.schedule().replicas() : 1;
@@ -149,7 +132,7 @@ absl::Status RunRank(const apapo::v1::JobSpec& spec,
                                   s.message()));
     return s;
   };
-  auto proto_graph = GraphForJob(spec);
+  auto proto_graph = GraphForJob(spec, TorchScriptGraph);
   if (!proto_graph.ok()) return report_error(proto_graph.status());
   auto graph = AnalyzedGraph::Create(*std::move(proto_graph));
   if (!graph.ok()) return report_error(graph.status());
@@ -261,7 +244,7 @@ absl::Status RunRank(const apapo::v1::JobSpec& spec,
 absl::Status RunLocalJob(const apapo::v1::JobSpec& spec,
                          const LocalJobOptions& options) {
   // Validate the plan here so a bad spec fails before any process starts.
-  auto proto_graph = GraphForJob(spec);
+  auto proto_graph = GraphForJob(spec, TorchScriptGraph);
   if (!proto_graph.ok()) return proto_graph.status();
   auto graph = AnalyzedGraph::Create(*std::move(proto_graph));
   if (!graph.ok()) return graph.status();

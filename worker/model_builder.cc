@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "worker/torchscript_model.h"
 
 namespace apapo {
 namespace worker {
@@ -74,6 +75,7 @@ struct StageModel::Kernel {
   int64_t dim = 1, heads = 1;
   double eps = 1e-5, momentum = 0.1, p = 0.0;
   at::Tensor running_mean, running_var;
+  std::unique_ptr<TorchScriptChild> torchscript;  // TORCHSCRIPT_CHILD only
 };
 
 StageModel::StageModel(const AnalyzedGraph& graph, StageLayout layout)
@@ -159,6 +161,26 @@ absl::StatusOr<std::unique_ptr<StageModel>> StageModel::Create(
     slot[info.id()] = next_slot++;
     m->kernels_.push_back(std::move(kernel));
   }
+  std::vector<const NodeInfo*> children;
+  for (const auto& k : m->kernels_) {
+    if (k->info->kind() == apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD) {
+      children.push_back(k->info);
+    }
+  }
+  if (!children.empty()) {
+    auto loaded = LoadTorchScriptChildren(children);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("stage ", layout.index, ": ",
+                                       loaded.status().message()));
+    }
+    size_t next = 0;
+    for (auto& k : m->kernels_) {
+      if (k->info->kind() == apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD) {
+        k->torchscript = std::move((*loaded)[next++]);
+      }
+    }
+  }
   for (const BundleEntry& e : layout.outputs) {
     auto it = slot.find(e.name);
     if (it == slot.end()) {
@@ -180,6 +202,13 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& k : kernels_) {
+    if (k->torchscript) {
+      // The values saved in the file, whatever the seed.
+      for (at::Tensor& t : k->torchscript->InitialParameters()) {
+        params.push_back(std::move(t));
+      }
+      continue;
+    }
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
         Fnv1a(k->info->id()) ^ (static_cast<uint64_t>(seed) * 0x9e3779b97f4a7c15ULL));
     for (const ParamInfo& p : k->info->params) {
@@ -201,6 +230,9 @@ std::vector<at::Tensor> StageModel::Buffers() const {
     if (k->running_mean.defined()) {
       out.push_back(k->running_mean);
       out.push_back(k->running_var);
+    }
+    if (k->torchscript) {
+      for (const at::Tensor& b : k->torchscript->Buffers()) out.push_back(b);
     }
   }
   return out;
@@ -320,6 +352,13 @@ absl::StatusOr<StageForward> StageModel::Forward(
           y = x1 + torch::dropout(mlp, k.p, training);
           break;
         }
+        case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD:
+          y = k.torchscript->Forward(
+              in(0),
+              at::ArrayRef<at::Tensor>(params.data() + k.first_param,
+                                       k.num_params),
+              training);
+          break;
         case apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS: {
           const at::Tensor& logits = in(0);
           const at::Tensor& labels = values[labels_slot_];

@@ -12,6 +12,8 @@
 // Initialisation is seeded per node (seed, node id), so a node's initial
 // weights are the same whichever stage or process runs it; a pipeline and a
 // single-process model built from the same graph and seed start identical.
+// TorchScript children (torchscript_model.h) start from their file's values
+// and keep their buffers in the loaded module.
 //
 // Thread-safety: Create/InitParameters are thread-safe; Forward mutates
 // buffers and must be called from one thread at a time.
@@ -45,7 +47,8 @@ struct StageForward {
 class StageModel {
  public:
   // `graph` must outlive the model. Fails (INVALID_ARGUMENT naming the node)
-  // if a node's attributes cannot be turned into a kernel.
+  // if a node's attributes cannot be turned into a kernel; TorchScript
+  // children are loaded from their file here (see LoadTorchScriptChildren).
   static absl::StatusOr<std::unique_ptr<StageModel>> Create(
       const AnalyzedGraph& graph, const StageLayout& layout);
   ~StageModel();

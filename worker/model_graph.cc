@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace apapo {
 namespace worker {
@@ -210,6 +211,10 @@ const std::set<std::string>* AllowedAttrs(LayerKind kind) {
       {apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK,
        {"num_heads", "mlp_ratio", "dropout"}},
       {apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS, {}},
+      // Written by TorchScriptGraph (torchscript_model.h), not by hand.
+      {apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD,
+       {"path", "index", "out_shape", "dtype", "param_names",
+        "param_shapes"}},
   };
   auto it = table->find(kind);
   return it == table->end() ? nullptr : &it->second;
@@ -556,10 +561,52 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       info.forward_ops = Numel(s);
       return absl::OkStatus();
     }
-    case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD:
-      return absl::UnimplementedError(absl::StrCat(
-          "node '", n.id(),
-          "': TorchScript children are not supported by this worker yet"));
+    case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD: {
+      // Opaque: the importer ran the child and recorded what it found.
+      RETURN_IF_ERROR(need_inputs(1));
+      APAPO_ASSIGN_OR_RETURN(path, a.String("path", ""));
+      if (path.empty()) return NodeError(n, "missing required attribute 'path'");
+      APAPO_ASSIGN_OR_RETURN(index, a.Int("index", 0, /*required=*/true));
+      if (index < 0) return NodeError(n, "index must be >= 0");
+      APAPO_ASSIGN_OR_RETURN(out, a.Ints("out_shape", /*required=*/true));
+      APAPO_ASSIGN_OR_RETURN(dtype, a.String("dtype", "float32"));
+      if (dtype != "float32" && dtype != "int64") {
+        return NodeError(n, "dtype must be float32 or int64, got " + dtype);
+      }
+      APAPO_ASSIGN_OR_RETURN(names, a.String("param_names", ""));
+      APAPO_ASSIGN_OR_RETURN(shapes, a.Ints("param_shapes", false));
+      // param_shapes: for each name, its rank followed by its dimensions.
+      size_t pos = 0;
+      for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+        if (pos >= shapes.size() || shapes[pos] < 0 ||
+            pos + 1 + shapes[pos] > shapes.size()) {
+          return NodeError(n, "param_shapes does not match param_names");
+        }
+        Shape shape(shapes.begin() + pos + 1,
+                    shapes.begin() + pos + 1 + shapes[pos]);
+        pos += 1 + shapes[pos];
+        info.params.push_back({std::string(name), std::move(shape), 0, 0});
+      }
+      if (pos != shapes.size()) {
+        return NodeError(n, "param_shapes does not match param_names");
+      }
+      info.out_shape = out;
+      info.out_dtype = dtype == "int64" ? DType::kInt64 : DType::kFloat32;
+      // An estimate (the profiler measures): each weight element is used once
+      // per output position (H*W for [C, H, W], T for [T, C], else once),
+      // plus one operation per output element.
+      int64_t positions = 1;
+      if (out.size() == 3) {
+        positions = out[1] * out[2];
+      } else if (out.size() >= 2) {
+        positions = Numel(out) / out.back();
+      }
+      info.forward_ops = Numel(out);
+      for (const ParamInfo& p : info.params) {
+        info.forward_ops += Numel(p.shape) * positions;
+      }
+      return absl::OkStatus();
+    }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "node '", n.id(), "': unknown layer kind ",
@@ -756,7 +803,8 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
       "' (expected mlp, cnn, resnet or transformer_lm)"));
 }
 
-absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec) {
+absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
+                                       const TorchScriptImporter& torchscript) {
   switch (spec.model().source_case()) {
     case apapo::v1::ModelSpec::kBuiltin: {
       APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
@@ -764,10 +812,15 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec) {
     }
     case apapo::v1::ModelSpec::kGraph:
       return spec.model().graph();
-    case apapo::v1::ModelSpec::kTorchscript:
-      return absl::UnimplementedError(
-          "spec.model.torchscript: TorchScript models are not supported by "
-          "this worker yet");
+    case apapo::v1::ModelSpec::kTorchscript: {
+      if (!torchscript) {
+        return absl::UnimplementedError(
+            "spec.model.torchscript: this process was built without "
+            "TorchScript support (no importer passed to GraphForJob)");
+      }
+      APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
+      return torchscript(spec.model().torchscript(), data);
+    }
     default:
       return absl::InvalidArgumentError("spec.model: no model given");
   }
@@ -788,11 +841,6 @@ absl::StatusOr<AnalyzedGraph> AnalyzedGraph::Create(ModelGraph graph) {
     if (!proto_index.emplace(node.id(), i).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate node id '", node.id(), "'"));
-    }
-    if (node.kind() == apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD) {
-      return absl::UnimplementedError(absl::StrCat(
-          "node '", node.id(),
-          "': TorchScript children are not supported by this worker yet"));
     }
     const std::set<std::string>* allowed = AllowedAttrs(node.kind());
     if (allowed == nullptr) {

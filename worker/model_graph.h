@@ -13,6 +13,7 @@
 #define APAPO_WORKER_MODEL_GRAPH_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,16 +58,25 @@ absl::StatusOr<DataShape> DataShapeForJob(const apapo::v1::DataSpec& data);
 absl::StatusOr<apapo::v1::ModelGraph> BuiltinGraph(
     const apapo::v1::BuiltinModel& model, const DataShape& data);
 
-// The graph a job trains (built-in or given). TorchScript is UNIMPLEMENTED.
+// Builds the graph of a TorchScript model for data of shape `data`. Loading
+// TorchScript needs LibTorch, so callers that have it pass one in
+// (TorchScriptGraph in torchscript_model.h) and this library stays torch-free.
+using TorchScriptImporter = std::function<absl::StatusOr<apapo::v1::ModelGraph>(
+    const apapo::v1::TorchScriptModel& model, const DataShape& data)>;
+
+// The graph a job trains: built-in, given, or imported from TorchScript with
+// `torchscript` (without one, a TorchScript spec is UNIMPLEMENTED).
 absl::StatusOr<apapo::v1::ModelGraph> GraphForJob(
-    const apapo::v1::JobSpec& spec);
+    const apapo::v1::JobSpec& spec,
+    const TorchScriptImporter& torchscript = nullptr);
 
 // A parameter tensor of a node, in the order the node's kernel expects it.
 struct ParamInfo {
   std::string name;  // "weight", "bias", "qkv.weight", ...
   Shape shape;
   // Init bound for U(-bound, bound); NaN-free. <0 means a constant (see
-  // `fill`): LayerNorm/BatchNorm weights are 1, their biases 0.
+  // `fill`): LayerNorm/BatchNorm weights are 1, their biases 0. Unused for
+  // TorchScript children, whose initial values come from their file.
   double bound = 0.0;
   double fill = 0.0;
 };

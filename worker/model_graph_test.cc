@@ -130,9 +130,72 @@ TEST(ModelGraphTest, UnknownKindAndAttributeAreClearErrors) {
   EXPECT_THAT(std::string(h.status().message()), HasSubstr("colour"));
 
   auto ts = AnalyzedGraph::Create(ParseGraph(R"pb(
-    nodes { id: "c0" kind: LAYER_KIND_TORCHSCRIPT_CHILD }
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "c0" kind: LAYER_KIND_TORCHSCRIPT_CHILD inputs: "input" }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "c0" }
   )pb"));
-  EXPECT_EQ(ts.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ts.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ts.status().message()), HasSubstr("'path'"));
+}
+
+// TorchScript children carry what the importer found (torchscript_model.h).
+TEST(ModelGraphTest, TorchScriptChildTakesItsRecordedShapes) {
+  auto g = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "child0" kind: LAYER_KIND_TORCHSCRIPT_CHILD inputs: "input"
+            attrs { key: "path" value { s: "m.pt" } }
+            attrs { key: "index" value { i: 0 } }
+            attrs { key: "out_shape" value { ints { values: 4 } } }
+            attrs { key: "param_names" value { s: "weight,bias" } }
+            attrs { key: "param_shapes"
+                    value { ints { values: [ 2, 4, 8, 1, 4 ] } } } }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "child0" }
+  )pb"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeInfo& c = g->nodes()[1];
+  EXPECT_EQ(c.out_shape, Shape({4}));
+  ASSERT_EQ(c.params.size(), 2u);
+  EXPECT_EQ(c.params[0].name, "weight");
+  EXPECT_EQ(c.params[0].shape, Shape({4, 8}));
+  EXPECT_EQ(c.params[1].shape, Shape({4}));
+  EXPECT_EQ(g->num_params(), 36);
+
+  auto bad = AnalyzedGraph::Create(ParseGraph(R"pb(
+    nodes { id: "input" kind: LAYER_KIND_INPUT
+            attrs { key: "shape" value { ints { values: 8 } } } }
+    nodes { id: "child0" kind: LAYER_KIND_TORCHSCRIPT_CHILD inputs: "input"
+            attrs { key: "path" value { s: "m.pt" } }
+            attrs { key: "index" value { i: 0 } }
+            attrs { key: "out_shape" value { ints { values: 4 } } }
+            attrs { key: "param_names" value { s: "weight,bias" } }
+            attrs { key: "param_shapes" value { ints { values: [ 2, 4, 8 ] } } } }
+    nodes { id: "loss" kind: LAYER_KIND_CROSS_ENTROPY_LOSS inputs: "child0" }
+  )pb"));
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("param_shapes does not match param_names"));
+}
+
+TEST(ModelGraphTest, TorchScriptSpecNeedsAnImporter) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_model()->mutable_torchscript()->set_path("m.pt");
+  spec.mutable_model()->mutable_torchscript()->add_input_shape(8);
+  spec.mutable_data()->mutable_synthetic()->add_sample_shape(8);
+  spec.mutable_data()->mutable_synthetic()->set_num_classes(4);
+  EXPECT_EQ(GraphForJob(spec).status().code(),
+            absl::StatusCode::kUnimplemented);
+  int calls = 0;
+  auto g = GraphForJob(spec, [&](const apapo::v1::TorchScriptModel& m,
+                                 const DataShape& data)
+                                 -> absl::StatusOr<apapo::v1::ModelGraph> {
+    ++calls;
+    EXPECT_EQ(m.path(), "m.pt");
+    EXPECT_EQ(data.sample_shape, Shape({8}));
+    return absl::NotFoundError("m.pt");
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ModelGraphTest, CycleAndUnknownInputAreRefused) {

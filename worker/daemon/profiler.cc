@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "worker/model_builder.h"
 #include "worker/model_graph.h"
+#include "worker/torchscript_model.h"
 
 namespace apapo::worker {
 namespace {
@@ -81,7 +82,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   const int iterations =
       command.iterations() > 0 ? command.iterations() : kDefaultIterations;
 
-  auto proto_graph = GraphForJob(spec);
+  auto proto_graph = GraphForJob(spec, TorchScriptGraph);
   if (!proto_graph.ok()) return proto_graph.status();
   auto graph = AnalyzedGraph::Create(*std::move(proto_graph));
   if (!graph.ok()) return graph.status();

@@ -25,6 +25,7 @@
 #include "worker/data.h"
 #include "worker/model_graph.h"
 #include "worker/stage_executor.h"
+#include "worker/torchscript_model.h"
 #include "worker/transport.h"
 
 namespace apapo::worker {
@@ -214,7 +215,7 @@ absl::Status RunAssignmentOrThrow(
         expected_rank, ", not ", rv.rank()));
   }
 
-  auto proto_graph = GraphForJob(spec);
+  auto proto_graph = GraphForJob(spec, TorchScriptGraph);
   if (!proto_graph.ok()) return Prefixed(label, proto_graph.status());
   auto graph = AnalyzedGraph::Create(*std::move(proto_graph));
   if (!graph.ok()) return Prefixed(label, graph.status());
