@@ -1,13 +1,10 @@
 """The whole product on loopback: a coordinator, worker daemons and real
 training jobs, driven through the gRPC API (Python client) and apapoctl."""
 
-import json
 import os
-import urllib.parse
 import signal
 import subprocess
 import unittest
-import urllib.request
 
 import grpc
 
@@ -97,6 +94,34 @@ class EndToEndTest(unittest.TestCase):
         states = c.worker_states()
         self.assertEqual(states["w-1"], worker_pb2.WORKER_STATE_IDLE, states)
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
+
+
+class TorchScriptJobTest(unittest.TestCase):
+    def test_scripted_sequential_trains_through_the_coordinator(self):
+        c = Cluster(workers=2)
+        try:
+            path = os.path.join(c.dir, "mlp.pt")
+            subprocess.run(
+                ["/usr/bin/python3", "-c",
+                 "import torch, torch.nn as nn, sys\n"
+                 "torch.manual_seed(0)\n"
+                 "m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(),"
+                 " nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))\n"
+                 "torch.jit.script(m).save(sys.argv[1])", path],
+                check=True, timeout=120)
+            s = spec(steps=200)
+            s.model.Clear()
+            s.model.torchscript.path = path
+            s.model.torchscript.input_shape.extend([1, 28, 28])
+            job_id = c.submit(s)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+            nodes = [n for st in plan.plan.stages for n in st.node_ids]
+            self.assertIn("child1", nodes)
+            self.assertGreater(job.progress.test_accuracy, 0.5)
+        finally:
+            c.close()
 
 
 class QueueingTest(unittest.TestCase):
