@@ -96,6 +96,26 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
 
 
+class ConcurrentJobsTest(unittest.TestCase):
+    def test_two_jobs_run_at_once_on_disjoint_workers(self):
+        c = Cluster(workers=4)
+        try:
+            # A long job holds two workers; a second job runs to the end on the
+            # other two while the first is still training.
+            long_job = c.submit(spec(steps=1_000_000))
+            c.watch_until(long_job, lambda m: m.job.progress.step > 0, timeout=300)
+            short_job = c.submit(spec(steps=60))
+            done = c.watch_until(short_job, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.error)
+            running = c.get(long_job)
+            self.assertEqual(running.state, job_pb2.JOB_STATE_RUNNING)
+            self.assertFalse(set(done.worker_ids) & set(running.worker_ids),
+                             [list(done.worker_ids), list(running.worker_ids)])
+            c.jobs.CancelJob(service_pb2.CancelJobRequest(job_id=long_job), timeout=30)
+        finally:
+            c.close()
+
+
 class TorchScriptJobTest(unittest.TestCase):
     def test_scripted_sequential_trains_through_the_coordinator(self):
         c = Cluster(workers=2)
