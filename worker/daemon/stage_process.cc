@@ -265,19 +265,7 @@ absl::Status RunAssignmentOrThrow(
   c.stage = a.stage();
   c.replica = a.replica();
   c.schedule = sched;
-  c.batch_size = batch_size;
-  c.optimizer = spec.optimizer();
-  c.seed = spec.seed();
-  c.shuffle = spec.data().shuffle();
-  c.epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
-  c.max_steps = spec.limits().max_steps();
-  c.target_accuracy = spec.limits().target_accuracy();
-  c.eval_every_epochs =
-      spec.eval_every_epochs() > 0 ? spec.eval_every_epochs() : 1;
-  c.eval_batch_size = spec.data().eval_batch_size() > 0
-                          ? spec.data().eval_batch_size()
-                          : std::max(spec.data().batch_size(), 500);
-  c.checkpoint = spec.checkpoint();
+  ApplyJobSpec(spec, &c);
   // Every step; ProgressReporter throttles by time.
   c.progress_every = 1;
   c.on_progress = [&progress](const TrainingProgress& p) {
