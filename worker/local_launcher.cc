@@ -210,20 +210,8 @@ absl::Status RunRank(const apapo::v1::JobSpec& spec,
     m.set_loss(r.final_loss);
   }
   if (r.test_accuracy >= 0) m.set_test_accuracy(r.test_accuracy);
-  auto* sm = m.mutable_stage();
-  sm->set_stage(stage);
-  sm->set_rank(options.rank);
-  sm->set_busy_seconds(r.busy_seconds);
-  sm->set_idle_seconds(r.idle_seconds);
-  sm->set_comm_exposed_seconds(r.comm_exposed_seconds);
-  sm->set_comm_total_seconds(r.comm_total_seconds);
-  sm->set_bytes_sent(r.bytes_sent);
-  sm->set_bytes_received(r.bytes_received);
-  sm->set_forward_micro_batches(r.forward_micro_batches);
-  sm->set_backward_micro_batches(r.backward_micro_batches);
-  sm->set_max_staleness(static_cast<int32_t>(r.max_staleness));
-  sm->set_max_weight_versions(r.max_weight_versions);
-  (*m.mutable_stage()->mutable_step_seconds()).Add(r.train_seconds);
+  FillStageMetrics(r, stage, options.rank, m.mutable_stage());
+  m.mutable_stage()->add_step_seconds(r.train_seconds);
   return PutToStore("127.0.0.1", options.store_port,
                     absl::StrCat("result/", options.rank),
                     m.SerializeAsString());

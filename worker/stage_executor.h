@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "partitioner/schedule.h"
 #include "proto/apapo/v1/job.pb.h"
+#include "proto/apapo/v1/metrics.pb.h"
 #include "worker/data.h"
 #include "worker/model_builder.h"
 #include "worker/model_graph.h"
@@ -126,6 +127,11 @@ struct StageReport {
   double test_accuracy = -1;
   int64_t num_params = 0;
 };
+
+// Copies a replica's counters into the StageMetrics a MetricsReport carries
+// (everything but step_seconds, whose source differs by caller).
+void FillStageMetrics(const StageReport& report, int stage, int rank,
+                      apapo::v1::StageMetrics* metrics);
 
 class StageExecutor {
  public:

@@ -298,18 +298,7 @@ absl::Status RunAssignmentOrThrow(
   }
   if (r.test_accuracy >= 0) m.set_test_accuracy(r.test_accuracy);
   auto* sm = m.mutable_stage();
-  sm->set_stage(a.stage());
-  sm->set_rank(rv.rank());
-  sm->set_busy_seconds(r.busy_seconds);
-  sm->set_idle_seconds(r.idle_seconds);
-  sm->set_comm_exposed_seconds(r.comm_exposed_seconds);
-  sm->set_comm_total_seconds(r.comm_total_seconds);
-  sm->set_bytes_sent(r.bytes_sent);
-  sm->set_bytes_received(r.bytes_received);
-  sm->set_forward_micro_batches(r.forward_micro_batches);
-  sm->set_backward_micro_batches(r.backward_micro_batches);
-  sm->set_max_staleness(static_cast<int32_t>(r.max_staleness));
-  sm->set_max_weight_versions(r.max_weight_versions);
+  FillStageMetrics(r, a.stage(), rv.rank(), sm);
   progress.TakeStepSeconds(sm);
   if (final_metrics != nullptr) *final_metrics = std::move(m);
   return absl::OkStatus();
