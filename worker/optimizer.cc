@@ -69,7 +69,8 @@ double Optimizer::LearningRate(int64_t step) const {
 
 std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
                                         std::vector<at::Tensor>& grads,
-                                        int64_t step) {
+                                        int64_t step,
+                                        std::vector<at::Tensor> reuse) {
   torch::NoGradGuard no_grad;
   const double lr = LearningRate(step);
   const double wd = spec_.weight_decay();
@@ -88,6 +89,16 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
     slot1_.resize(params.size());
     slot2_.resize(params.size());
   }
+  if (reuse.size() != params.size()) reuse.clear();
+  for (size_t i = 0; i < reuse.size(); ++i) {
+    if (!reuse[i].defined() || !reuse[i].sizes().equals(params[i].sizes()) ||
+        reuse[i].scalar_type() != params[i].scalar_type()) {
+      reuse.clear();
+      break;
+    }
+  }
+  // Writes the new value of parameter i: into its recycled tensor when there
+  // is one, else into a fresh tensor.
   std::vector<at::Tensor> next;
   next.reserve(params.size());
   if (adam_) {
@@ -108,7 +119,13 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
       slot1_[i].mul_(b1).add_(g, 1 - b1);
       slot2_[i].mul_(b2).addcmul_(g, g, 1 - b2);
       at::Tensor denom = (slot2_[i].sqrt() / std::sqrt(bc2)).add_(eps);
-      next.push_back(params[i].detach().addcdiv(slot1_[i], denom, -lr / bc1));
+      if (reuse.empty()) {
+        next.push_back(params[i].detach().addcdiv(slot1_[i], denom, -lr / bc1));
+      } else {
+        at::Tensor out = reuse[i].detach();
+        at::addcdiv_out(out, params[i].detach(), slot1_[i], denom, -lr / bc1);
+        next.push_back(reuse[i]);
+      }
     }
   } else {
     const double mom = spec_.sgd().momentum();
@@ -124,7 +141,13 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
         }
         g = nesterov ? g.add(slot1_[i], mom) : slot1_[i];
       }
-      next.push_back(params[i].detach().add(g, -lr));
+      if (reuse.empty()) {
+        next.push_back(params[i].detach().add(g, -lr));
+      } else {
+        at::Tensor out = reuse[i].detach();
+        at::add_out(out, params[i].detach(), g, -lr);
+        next.push_back(reuse[i]);
+      }
     }
   }
   for (auto& p : next) p.set_requires_grad(true);

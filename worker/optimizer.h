@@ -37,8 +37,12 @@ class Optimizer {
   // Applies update number `step`: clips `grads` (their global norm, when
   // grad_clip_norm > 0; modified in place), then returns the next version of
   // `params`. `params` and `grads` must have the same length and shapes.
+  // `reuse`, when given, holds tensors of a weight version nobody reads any
+  // more (same shapes as `params`): the next version is written into them
+  // and they are returned, so a steady-state step allocates no parameters.
   std::vector<at::Tensor> Step(const std::vector<at::Tensor>& params,
-                               std::vector<at::Tensor>& grads, int64_t step);
+                               std::vector<at::Tensor>& grads, int64_t step,
+                               std::vector<at::Tensor> reuse = {});
 
   // Optimizer state for checkpoints: a flat list of tensors (empty until the
   // first step for SGD without momentum).

@@ -62,6 +62,8 @@ struct StageExecutor::Impl {
   // Weight versions: global version -> tensors; refs = in-flight users.
   std::map<int64_t, std::vector<at::Tensor>> versions;
   std::map<int64_t, int> version_refs;
+  // Tensors of the last dropped version, overwritten by the next update.
+  std::vector<at::Tensor> spare;
   int64_t newest = 0;
   int64_t global_step = 0;
   std::vector<at::Tensor> grad_acc;
@@ -141,6 +143,11 @@ struct StageExecutor::Impl {
                                                              : newest;
     for (auto it = versions.begin(); it != versions.end();) {
       if (it->first < keep_from && !version_refs.count(it->first)) {
+        // Version 0 may be the caller's tensors (initial_parameters) and
+        // recorded backwards keep their versions' tensors: neither is reused.
+        if (it->first > 0 && !config.record_backwards) {
+          spare = std::move(it->second);
+        }
         it = versions.erase(it);
       } else {
         ++it;
@@ -272,10 +279,20 @@ struct StageExecutor::Impl {
       }
     }
     grads.resize(targets.size());
+    // Autograd's gradients are fresh tensors, so the accumulator takes them
+    // as they are, unless one shares storage with another (an op may hand
+    // the same tensor to two inputs): that one is copied before add_/mul_.
+    // Received gradient buffers count as taken: a parameter's gradient may
+    // be the received tensor itself (e.g. a bias added last).
+    std::set<const void*> grad_storage;
+    for (const auto& g : root_grads) grad_storage.insert(g.storage().data());
     for (size_t i = 0; i < params.size(); ++i) {
       if (!grads[i].defined()) continue;
       if (!grad_acc[i].defined()) {
-        grad_acc[i] = grads[i].detach().clone();
+        const void* storage = grads[i].storage().data();
+        grad_acc[i] = grad_storage.insert(storage).second
+                          ? grads[i].detach()
+                          : grads[i].detach().clone();
       } else {
         grad_acc[i].add_(grads[i]);
       }
@@ -335,7 +352,8 @@ struct StageExecutor::Impl {
     }
     std::vector<at::Tensor> next;
     try {
-      next = optimizer->Step(current, grad_acc, global_step);
+      next = optimizer->Step(current, grad_acc, global_step, std::move(spare));
+      spare.clear();
     } catch (const std::exception& e) {
       return absl::InternalError(
           absl::StrCat(label, ": optimizer step failed: ", e.what()));
