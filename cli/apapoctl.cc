@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -62,6 +63,46 @@ std::string FormatBytes(int64_t bytes) {
   if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
   if (bytes < (1LL << 30)) return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
   return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+}
+
+// Decimal units, as network rates are quoted.
+std::string FormatRate(double bytes_per_second) {
+  if (bytes_per_second >= 1e9) {
+    return absl::StrFormat("%.2f GB/s", bytes_per_second / 1e9);
+  }
+  return absl::StrFormat("%.1f MB/s", bytes_per_second / 1e6);
+}
+
+// The bandwidth the plan assumed and the links the workers measured, slowest
+// first (at most kShownLinks of them).
+std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
+  constexpr int kShownLinks = 8;
+  std::string out;
+  for (const auto& level : cluster.levels()) {
+    absl::StrAppend(&out, absl::StrFormat(
+        "network: %d worker(s) at %s%s\n", level.group_size(),
+        FormatRate(level.bandwidth_bytes_per_second()),
+        cluster.links().empty() ? " (assumed: no links measured)"
+                                : " (slowest measured link)"));
+  }
+  std::vector<apapo::v1::LinkMeasurement> links(cluster.links().begin(),
+                                                cluster.links().end());
+  std::sort(links.begin(), links.end(), [](const auto& a, const auto& b) {
+    return a.bandwidth_bytes_per_second() < b.bandwidth_bytes_per_second();
+  });
+  for (int i = 0; i < static_cast<int>(links.size()) && i < kShownLinks; ++i) {
+    const auto& l = links[i];
+    absl::StrAppend(&out, absl::StrFormat(
+        "  link %s -> %s: %s, latency %.1f us (measured with %s messages)\n",
+        l.from_worker(), l.to_worker(),
+        FormatRate(l.bandwidth_bytes_per_second()), l.latency_seconds() * 1e6,
+        FormatBytes(l.message_bytes())));
+  }
+  if (links.size() > kShownLinks) {
+    absl::StrAppend(&out, "  ... and ", links.size() - kShownLinks,
+                    " more link(s)\n");
+  }
+  return out;
 }
 
 std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
@@ -213,6 +254,7 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
     absl::StrAppend(&out, absl::StrFormat("  alternative %-12s %10.1f samples/s\n",
                                           name, sps));
   }
+  absl::StrAppend(&out, FormatNetwork(response.cluster()));
   for (const auto& note : plan.notes()) absl::StrAppend(&out, "note: ", note, "\n");
   return out;
 }

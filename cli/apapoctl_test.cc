@@ -6,6 +6,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "coordinator/job_service.h"
 #include "coordinator/server.h"
@@ -17,6 +19,7 @@ namespace apapo::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 std::string WriteFile(const std::string& name, const std::string& text) {
@@ -176,6 +179,35 @@ TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {
   EXPECT_THAT(table, HasSubstr("100.0 MiB"));
   EXPECT_THAT(table, HasSubstr("10.00"));
   EXPECT_THAT(table, HasSubstr("measured:  1500.0 samples/s (0.75x the prediction)"));
+}
+
+TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
+  apapo::v1::GetPlanResponse r;
+  auto* level = r.mutable_cluster()->add_levels();
+  level->set_group_size(2);
+  level->set_bandwidth_bytes_per_second(2.5e8);
+  for (const auto& [from, to, bw] :
+       std::vector<std::tuple<std::string, std::string, double>>{
+           {"w-a", "w-b", 3.0e9}, {"w-b", "w-a", 2.5e8}}) {
+    auto* l = r.mutable_cluster()->add_links();
+    l->set_from_worker(from);
+    l->set_to_worker(to);
+    l->set_bandwidth_bytes_per_second(bw);
+    l->set_latency_seconds(42e-6);
+    l->set_message_bytes(4 << 20);
+  }
+  std::string table = FormatPlan(r);
+  EXPECT_THAT(table, HasSubstr("network: 2 worker(s) at 250.0 MB/s (slowest measured link)"));
+  EXPECT_THAT(table, Not(HasSubstr("assumed")));
+  EXPECT_THAT(table, HasSubstr(
+      "  link w-b -> w-a: 250.0 MB/s, latency 42.0 us (measured with 4.0 MiB messages)\n"
+      "  link w-a -> w-b: 3.00 GB/s"));
+
+  r.mutable_cluster()->clear_links();
+  level->set_group_size(1);
+  level->set_bandwidth_bytes_per_second(1e9);
+  EXPECT_THAT(FormatPlan(r),
+              HasSubstr("network: 1 worker(s) at 1.00 GB/s (assumed: no links measured)"));
 }
 
 }  // namespace

@@ -13,6 +13,9 @@ namespace {
 
 using apapo::v1::JobState;
 
+// The network level's bandwidth when no link was measured (one worker).
+constexpr double kAssumedBandwidth = 1e9;
+
 google::protobuf::Duration ToProtoDuration(absl::Duration d) {
   return google::protobuf::util::TimeUtil::NanosecondsToDuration(
       absl::ToInt64Nanoseconds(d));
@@ -113,19 +116,52 @@ void Scheduler::AdmitQueued() {
       active_.erase(id);
       continue;
     }
-    for (const std::string& w : a.workers) {
-      apapo::v1::CoordinatorMessage m;
-      m.mutable_profile()->set_job_id(id);
-      *m.mutable_profile()->mutable_spec() = spec;
-      m.mutable_profile()->set_iterations(options_.profile_iterations);
-      if (!registry_->Send(w, m).ok()) {
-        Finish(id, apapo::v1::JOB_STATE_FAILED,
-               absl::StrCat("worker ", w, " disconnected before profiling"),
-               absl::StatusCode::kUnavailable, /*stop_workers=*/true);
-        break;
-      }
+    a.profile.set_job_id(id);
+    *a.profile.mutable_spec() = spec;
+    a.profile.set_iterations(options_.profile_iterations);
+    if (a.workers.size() == 1) {
+      SendProfile(a, 0);  // no link to measure
+      continue;
+    }
+    // The workers measure their links through a rendezvous hosted by the
+    // first, which is sent its command first and reports the store's port
+    // (OnAck); the others follow.
+    for (const std::string& w : a.workers) a.profile.add_peers(w);
+    apapo::v1::Rendezvous* rv = a.profile.mutable_rendezvous();
+    rv->set_store_host(HostOf(a.workers[0]));
+    rv->set_store_port(0);
+    rv->set_prefix(absl::StrCat(id, "/profile"));
+    rv->set_world_size(static_cast<int>(a.workers.size()));
+    *rv->mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
+    rv->set_backend("gloo");
+    SendProfile(a, 0);
+  }
+}
+
+void Scheduler::SendProfile(ActiveJob& a, int rank) {
+  const std::string& w = a.workers[rank];
+  apapo::v1::CoordinatorMessage m;
+  *m.mutable_profile() = a.profile;
+  if (a.profile.has_rendezvous()) {
+    m.mutable_profile()->mutable_rendezvous()->set_rank(rank);
+  }
+  absl::StatusOr<int64_t> command = registry_->Send(w, m);
+  if (!command.ok()) {
+    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat("worker ", w, " disconnected before profiling"),
+           absl::StatusCode::kUnavailable, /*stop_workers=*/true);
+    return;
+  }
+  if (rank == 0) a.profile_host_command = *command;
+}
+
+std::string Scheduler::HostOf(const std::string& worker_id) {
+  for (const auto& w : registry_->List()) {
+    if (w.info().worker_id() == worker_id && !w.info().host().empty()) {
+      return w.info().host();
     }
   }
+  return "127.0.0.1";
 }
 
 void Scheduler::PlanReady() {
@@ -147,7 +183,8 @@ void Scheduler::Plan(ActiveJob& a) {
   const apapo::v1::ModelProfile& profile = a.profiles[a.workers[0]].profile();
   double reference = TotalCompute(profile);
   apapo::v1::ClusterSpec cluster;
-  double bandwidth = 0;
+  double bandwidth = 0;  // the slowest measured link
+  double latency = 0;    // the largest measured latency
   for (const std::string& w : a.workers) {
     const apapo::v1::ProfileResult& r = a.profiles[w];
     apapo::v1::WorkerResources* res = cluster.add_workers();
@@ -164,11 +201,23 @@ void Scheduler::Plan(ActiveJob& a) {
       *cluster.add_links() = link;
       double bw = link.bandwidth_bytes_per_second();
       if (bw > 0) bandwidth = bandwidth == 0 ? bw : std::min(bandwidth, bw);
+      latency = std::max(latency, link.latency_seconds());
     }
   }
+  // One flat level: every pair of workers is charged the slowest link.
   apapo::v1::NetworkLevel* level = cluster.add_levels();
   level->set_group_size(static_cast<int>(a.workers.size()));
-  level->set_bandwidth_bytes_per_second(bandwidth > 0 ? bandwidth : 1e9);
+  level->set_bandwidth_bytes_per_second(bandwidth > 0 ? bandwidth
+                                                      : kAssumedBandwidth);
+  level->set_latency_seconds(latency);
+  if (bandwidth > 0) {
+    jobs_->RecordEvent(
+             id, absl::StrFormat("links measured: %d, slowest %.3g GB/s, "
+                                 "latency up to %.3g ms",
+                                 cluster.links_size(), bandwidth / 1e9,
+                                 latency * 1e3))
+        .IgnoreError();
+  }
 
   absl::StatusOr<apapo::v1::Plan> plan = planner_->MakePlan(a.spec, profile, cluster);
   if (!plan.ok()) {
@@ -231,11 +280,7 @@ void Scheduler::Plan(ActiveJob& a) {
   }
 
   // The rank-0 worker hosts the store; it is assigned first.
-  std::string host;
-  for (const auto& w : registry_->List()) {
-    if (w.info().worker_id() == a.ranks[0].worker_id) host = w.info().host();
-  }
-  a.rendezvous.set_store_host(host.empty() ? "127.0.0.1" : host);
+  a.rendezvous.set_store_host(HostOf(a.ranks[0].worker_id));
   a.rendezvous.set_store_port(0);
   a.rendezvous.set_prefix(id);
   a.rendezvous.set_world_size(static_cast<int>(a.ranks.size()));
@@ -308,6 +353,26 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
            static_cast<absl::StatusCode>(ack.code()), true);
     return;
   }
+  if (a.phase == Phase::kProfiling && a.profile.has_rendezvous() &&
+      a.profile.rendezvous().store_port() == 0 &&
+      ack.command_id() == a.profile_host_command) {
+    if (ack.store_port() <= 0) {
+      Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+             absl::StrCat("worker ", worker_id,
+                          " did not report the port of the link test's "
+                          "rendezvous"),
+             absl::StatusCode::kInternal, true);
+      return;
+    }
+    a.profile.mutable_rendezvous()->set_store_port(ack.store_port());
+    // A failed send finishes (and forgets) the job: stop at once.
+    const std::string id = a.id;
+    for (size_t r = 1; r < a.workers.size(); ++r) {
+      SendProfile(a, static_cast<int>(r));
+      if (!active_.count(id)) return;
+    }
+    return;
+  }
   auto it = a.pending_assign.find(ack.command_id());
   if (it == a.pending_assign.end()) return;  // acks of profile/start/stop
   a.pending_assign.erase(it);
@@ -321,8 +386,12 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
       return;
     }
     a.rendezvous.set_store_port(ack.store_port());
-    for (size_t r = 1; r < a.ranks.size(); ++r) AssignRank(a, a.ranks[r]);
-    if (!active_.count(a.id)) return;
+    // A failed send finishes (and forgets) the job: stop at once.
+    const std::string id = a.id;
+    for (size_t r = 1; r < a.ranks.size(); ++r) {
+      AssignRank(a, a.ranks[r]);
+      if (!active_.count(id)) return;
+    }
   }
   if (a.assigned.size() == a.ranks.size() && a.pending_assign.empty()) {
     for (const Rank& r : a.ranks) {
@@ -464,9 +533,11 @@ void Scheduler::CheckDeadlines() {
   }
 }
 
-void Scheduler::Finish(const std::string& job_id, JobState state,
+void Scheduler::Finish(const std::string& job_id_ref, JobState state,
                        const std::string& message, absl::StatusCode code,
                        bool stop_workers) {
+  // Callers pass the ActiveJob's own id, which dies with the entry.
+  const std::string job_id = job_id_ref;
   auto it = active_.find(job_id);
   if (it == active_.end()) return;
   if (stop_workers) {

@@ -1,7 +1,12 @@
 // Scheduler: drives each job through its life on the registered workers.
 //
 //   QUEUED     waits until Reserve() finds enough idle matching workers
-//   PROFILING  every reserved worker profiles the model (ProfileCommand)
+//   PROFILING  every reserved worker profiles the model (ProfileCommand);
+//              with several workers they first measure their links through
+//              a c10d rendezvous hosted by the first, which is sent its
+//              command first and reports the store's port in its ack, then
+//              the others are sent theirs. The slowest measured link is the
+//              network level's bandwidth (1 GB/s assumed for one worker)
 //   PLANNING   the Planner turns profile + cluster into a Plan; the rank
 //              hosting the c10d TCPStore is assigned first (port 0), reports
 //              the bound port in its ack, then every other rank is assigned
@@ -44,7 +49,8 @@ struct SchedulerOptions {
   // Deadline of the profiling phase and of the assignment phase.
   absl::Duration profile_timeout = absl::Minutes(5);
   absl::Duration assign_timeout = absl::Minutes(2);
-  // Timeout of every blocking transfer on the workers (Rendezvous.timeout).
+  // Timeout of every blocking transfer on the workers (Rendezvous.timeout),
+  // in training and in the link test of the profiling phase.
   absl::Duration transfer_timeout = absl::Seconds(60);
   // Forward/backward repetitions per layer when profiling.
   int profile_iterations = 3;
@@ -100,6 +106,9 @@ class Scheduler : public WorkerMessageListener {
     Phase phase = Phase::kProfiling;
     std::vector<std::string> workers;  // reserved, in registry order
     absl::Time deadline;
+    // The ProfileCommand every worker gets (rendezvous.rank set per worker).
+    apapo::v1::ProfileCommand profile;
+    int64_t profile_host_command = -1;  // rank 0's ProfileCommand id
     std::map<std::string, apapo::v1::ProfileResult> profiles;
     bool plan_ready = false;  // all profiles in; the thread plans
     apapo::v1::Plan plan;
@@ -115,6 +124,12 @@ class Scheduler : public WorkerMessageListener {
   void PlanReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Plan(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends job.profile to the worker of `rank` (an index into job.workers);
+  // fails the job if that worker is gone.
+  void SendProfile(ActiveJob& job, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The address a worker registered (127.0.0.1 if none).
+  std::string HostOf(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AssignRank(ActiveJob& job, const Rank& rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnAck(ActiveJob& job, const std::string& worker_id,

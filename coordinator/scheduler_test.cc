@@ -1,5 +1,6 @@
 #include "coordinator/scheduler.h"
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -45,10 +46,10 @@ class SchedulerTest : public ::testing::Test {
     });
   }
 
-  int64_t AddWorker(const std::string& id) {
+  int64_t AddWorker(const std::string& id, const std::string& host = "127.0.0.1") {
     apapo::v1::WorkerInfo info;
     info.set_worker_id(id);
-    info.set_host("127.0.0.1");
+    info.set_host(host);
     auto session = registry_.Register(info);
     EXPECT_TRUE(session.ok());
     sessions_[id] = *session;
@@ -80,17 +81,37 @@ class SchedulerTest : public ::testing::Test {
     return job->id();
   }
 
-  void Ack(const std::string& worker, int64_t command, int port = 0, int code = 0) {
+  void Ack(const std::string& worker, int64_t command, int port = 0, int code = 0,
+           const std::string& message = "boom") {
     WorkerMessage m;
     m.mutable_ack()->set_command_id(command);
     m.mutable_ack()->set_store_port(port);
     m.mutable_ack()->set_code(code);
-    m.mutable_ack()->set_message(code ? "boom" : "");
+    m.mutable_ack()->set_message(code ? message : "");
     scheduler_.OnWorkerMessage(worker, m);
   }
 
-  void Profile(const std::string& worker, const std::string& job, double seconds) {
+  // The link test's two-phase start on w-1, w-2: w-1 hosts the rendezvous
+  // and reports `port`; only then does w-2 get its command. Returns both.
+  std::pair<CoordinatorMessage, CoordinatorMessage> StartProfiling(int port = 6000) {
+    CoordinatorMessage p0 = Next("w-1");
+    EXPECT_TRUE(p0.has_profile());
+    EXPECT_EQ(p0.profile().rendezvous().rank(), 0);
+    EXPECT_EQ(p0.profile().rendezvous().store_port(), 0);
+    EXPECT_EQ(p0.profile().rendezvous().world_size(), 2);
+    EXPECT_FALSE(HasCommand("w-2"));  // waits for the store port
+    Ack("w-1", p0.command_id(), port);
+    CoordinatorMessage p1 = Next("w-2");
+    EXPECT_TRUE(p1.has_profile());
+    EXPECT_EQ(p1.profile().rendezvous().rank(), 1);
+    EXPECT_EQ(p1.profile().rendezvous().store_port(), port);
+    return {p0, p1};
+  }
+
+  void Profile(const std::string& worker, const std::string& job, double seconds,
+               std::vector<apapo::v1::LinkMeasurement> links = {}) {
     WorkerMessage m;
+    for (auto& l : links) *m.mutable_profile_result()->add_links() = l;
     m.mutable_profile_result()->set_job_id(job);
     auto* n = m.mutable_profile_result()->mutable_profile()->add_nodes();
     n->set_id("fc1");
@@ -106,8 +127,7 @@ class SchedulerTest : public ::testing::Test {
     std::string id = Submit(2);
     scheduler_.RunOnce();
     EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
-    EXPECT_TRUE(Next("w-1").has_profile());
-    EXPECT_TRUE(Next("w-2").has_profile());
+    StartProfiling();
     Profile("w-1", id, 1.0);
     Profile("w-2", id, 2.0);
     scheduler_.RunOnce();
@@ -265,16 +285,118 @@ TEST_F(SchedulerTest, RefusedAssignmentFailsTheJob) {
   AddWorker("w-2");
   std::string id = Submit(2);
   scheduler_.RunOnce();
+  StartProfiling();
   Profile("w-1", id, 1.0);
   Profile("w-2", id, 1.0);
   scheduler_.RunOnce();
-  Next("w-1");
-  Next("w-2");
   CoordinatorMessage a0 = Next("w-1");
   Ack("w-1", a0.command_id(), 0, static_cast<int>(absl::StatusCode::kInvalidArgument));
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->error(), "worker w-1: boom");
+}
+
+apapo::v1::LinkMeasurement Link(const std::string& from, const std::string& to,
+                                double bandwidth, double latency) {
+  apapo::v1::LinkMeasurement l;
+  l.set_from_worker(from);
+  l.set_to_worker(to);
+  l.set_bandwidth_bytes_per_second(bandwidth);
+  l.set_latency_seconds(latency);
+  l.set_message_bytes(4 << 20);
+  return l;
+}
+
+TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {
+  AddWorker("w-1", "10.0.0.1");
+  AddWorker("w-2", "10.0.0.2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  auto [p0, p1] = StartProfiling(7000);
+  // The rendezvous is the first worker's, for these two workers.
+  const auto& rv = p1.profile().rendezvous();
+  EXPECT_EQ(rv.store_host(), "10.0.0.1");
+  EXPECT_EQ(rv.prefix(), id + "/profile");
+  EXPECT_EQ(rv.timeout().seconds(),
+            absl::ToInt64Seconds(SchedulerOptions().transfer_timeout));
+  EXPECT_THAT(p1.profile().peers(), ::testing::ElementsAre("w-1", "w-2"));
+  EXPECT_EQ(p0.profile().spec().resources().workers(), 2);
+  // The host's final ack (profiling done) is not a second port report.
+  Ack("w-1", p0.command_id(), 0);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+
+  Profile("w-1", id, 1.0, {Link("w-1", "w-2", 3.0e8, 1e-4)});
+  Profile("w-2", id, 1.0, {Link("w-2", "w-1", 2.5e8, 2e-4)});
+  scheduler_.RunOnce();
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  const apapo::v1::ClusterSpec& seen = planner_.seen_cluster;
+  ASSERT_EQ(seen.levels_size(), 1);
+  EXPECT_DOUBLE_EQ(seen.levels(0).bandwidth_bytes_per_second(), 2.5e8);
+  EXPECT_DOUBLE_EQ(seen.levels(0).latency_seconds(), 2e-4);
+  EXPECT_EQ(seen.links_size(), 2);
+  // GetPlan shows the links and the bandwidth planned with.
+  auto stored = jobs_.GetPlan(id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->cluster().links_size(), 2);
+  EXPECT_DOUBLE_EQ(stored->cluster().levels(0).bandwidth_bytes_per_second(), 2.5e8);
+  bool noted = false;
+  auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
+  ASSERT_TRUE(change.ok()) << change.status();
+  for (const auto& e : change->events) {
+    noted |= absl::StrContains(e.message(), "links measured: 2, slowest 0.25 GB/s");
+  }
+  EXPECT_TRUE(noted);
+  // The stages' own rendezvous is a new one (port 0 again, its own prefix).
+  CoordinatorMessage a0 = Next("w-1");
+  EXPECT_EQ(a0.assign().rendezvous().store_port(), 0);
+  EXPECT_EQ(a0.assign().rendezvous().prefix(), id);
+}
+
+TEST_F(SchedulerTest, SingleWorkerJobSkipsTheLinkTest) {
+  planner_.error = absl::ResourceExhaustedError("stop here");
+  AddWorker("w-1");
+  std::string id = Submit(1);
+  scheduler_.RunOnce();
+  CoordinatorMessage p = Next("w-1");
+  ASSERT_TRUE(p.has_profile());
+  EXPECT_FALSE(p.profile().has_rendezvous());
+  EXPECT_EQ(p.profile().peers_size(), 0);
+  Profile("w-1", id, 1.0);
+  scheduler_.RunOnce();
+  // Nothing measured: the assumed 1 GB/s.
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.levels(0).bandwidth_bytes_per_second(), 1e9);
+  EXPECT_EQ(planner_.seen_cluster.links_size(), 0);
+}
+
+TEST_F(SchedulerTest, FailedLinkTestFailsTheJobNamingBothWorkers) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  auto [p0, p1] = StartProfiling();
+  Ack("w-2", p1.command_id(), 0, static_cast<int>(absl::StatusCode::kUnavailable),
+      "link test with worker w-1 (rank 0): connection closed by peer");
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(),
+            "worker w-2: link test with worker w-1 (rank 0): connection closed by peer");
+  EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(Next("w-1").has_stop());  // ends w-1's half of the test
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+}
+
+TEST_F(SchedulerTest, LinkTestHostWithoutAPortFailsTheJob) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  CoordinatorMessage p0 = Next("w-1");
+  Ack("w-1", p0.command_id(), 0);
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job->error(), HasSubstr("w-1 did not report the port"));
+  EXPECT_TRUE(Next("w-2").has_stop());  // never a profile command
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
 }
 
 }  // namespace

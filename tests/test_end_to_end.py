@@ -58,6 +58,16 @@ class EndToEndTest(unittest.TestCase):
                             if n.parameter_bytes > 0))
         placed = {r.worker_id for s in plan.plan.stages for r in s.placement}
         self.assertTrue(placed <= {"w-1", "w-2"}, placed)
+        # The workers measured their link over Gloo, and the plan used the
+        # measured figure rather than the 1 GB/s assumed without one.
+        links = plan.cluster.links
+        self.assertEqual({(l.from_worker, l.to_worker) for l in links},
+                         {("w-1", "w-2"), ("w-2", "w-1")}, links)
+        self.assertTrue(all(l.bandwidth_bytes_per_second > 0 and l.latency_seconds > 0
+                            for l in links), links)
+        planned = plan.cluster.levels[0].bandwidth_bytes_per_second
+        self.assertEqual(planned, min(l.bandwidth_bytes_per_second for l in links))
+        self.assertNotEqual(planned, 1e9)
         states = c.worker_states()
         self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
         # apapoctl shows the same job and plan.
@@ -66,6 +76,8 @@ class EndToEndTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("predicted:", r.stdout)
+        self.assertIn("(slowest measured link)", r.stdout)
+        self.assertIn("link w-1 -> w-2:", r.stdout)
         r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "watch", job_id],
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -94,6 +106,25 @@ class EndToEndTest(unittest.TestCase):
         states = c.worker_states()
         self.assertEqual(states["w-1"], worker_pb2.WORKER_STATE_IDLE, states)
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
+
+
+class WorkerHostTest(unittest.TestCase):
+    def test_worker_whose_host_is_not_its_own_fails_the_job_naming_it(self):
+        # w-2 advertises an address it cannot bind: its link test refuses at
+        # once and the job fails naming it, instead of hanging the peers.
+        c = Cluster(workers=1)
+        try:
+            c.workers["w-2"] = t.start_worker(c.port, "w-2",
+                                              extra=["--host=no-such-host.invalid"])
+            job_id = c.submit(spec(steps=50))
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=300)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+            self.assertIn("worker w-2", job.error)
+            self.assertIn("host 'no-such-host.invalid'", job.error)
+            states = c.worker_states()
+            self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
+        finally:
+            c.close()
 
 
 class ConcurrentJobsTest(unittest.TestCase):

@@ -57,7 +57,9 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, id, "",
           "Daemon: worker id, unique in the cluster (default HOSTNAME-PID).");
 ABSL_FLAG(std::string, host, "127.0.0.1",
-          "Daemon: address other workers reach this one at (rendezvous).");
+          "Daemon: address other workers reach this one at (rendezvous); "
+          "its Gloo transports bind to it, so it must be an address of this "
+          "machine.");
 ABSL_FLAG(std::string, labels, "",
           "Daemon: labels matched by job specs' worker_selector, "
           "\"key=value,key=value\".");
@@ -167,7 +169,10 @@ int RunDaemon(int threads) {
   // Stage children inherit the environment: OpenBLAS reads it at load time.
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
   setenv("OMP_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
-  apapo::worker::TorchJobRunner runner("/proc/self/exe");
+  apapo::worker::TorchJobRunnerOptions runner_options;
+  runner_options.exe = "/proc/self/exe";
+  runner_options.host = absl::GetFlag(FLAGS_host);  // Gloo binds to it
+  apapo::worker::TorchJobRunner runner(runner_options);
   apapo::worker::WorkerDaemon daemon(options, &runner);
   std::thread signal_thread([&] {
     int sig = 0;

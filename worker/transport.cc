@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -21,6 +22,15 @@
 namespace apapo {
 namespace worker {
 namespace {
+
+// A LibTorch / c10d error's message without the C++ backtrace that
+// c10::Error::what() appends (users see these messages).
+std::string Cause(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10 != nullptr ? c10->what_without_backtrace() : e.what();
+  absl::StripTrailingAsciiWhitespace(&msg);
+  return msg;
+}
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -31,6 +41,18 @@ bool CallPredicate(std::function<bool()>* f) { return (*f)(); }
 
 int64_t ElementSize(DType d) { return d == DType::kInt64 ? 8 : 4; }
 int64_t Align8(int64_t n) { return (n + 7) / 8 * 8; }
+
+// A Gloo TCP device bound to `host`.
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> DeviceFor(
+    const std::string& host) {
+  try {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(host);
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot bind the Gloo transport to host '", host,
+        "' (it must be an address of this machine): ", Cause(e)));
+  }
+}
 
 class GlooTransport : public Transport {
  public:
@@ -58,6 +80,15 @@ class GlooTransport : public Transport {
   }
 
   absl::Status Connect() {
+    // The device first: a host this machine cannot bind fails here, at
+    // once, rather than after the peers have waited for our address.
+    absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> device =
+        DeviceFor(options_.host);
+    if (!device.ok()) {
+      return absl::Status(device.status().code(),
+                          absl::StrCat(options_.label, ": ",
+                                       device.status().message()));
+    }
     try {
       c10d::TCPStoreOptions so;
       so.port = static_cast<uint16_t>(options_.store_port);
@@ -68,8 +99,7 @@ class GlooTransport : public Transport {
                                                       tcp);
       auto opts = c10d::ProcessGroupGloo::Options::create(
           ToChrono(options_.timeout));
-      opts->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      opts->devices.push_back(*device);
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
           c10::make_intrusive<c10d::PrefixStore>("pp", store_),
           options_.rank, options_.world_size, opts);
@@ -83,7 +113,7 @@ class GlooTransport : public Transport {
         auto gopts = c10d::ProcessGroupGloo::Options::create(
             ToChrono(options_.timeout));
         gopts->devices.push_back(
-            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+            c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
         groups_.push_back(c10::make_intrusive<c10d::ProcessGroupGloo>(
             c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("group", g),
                                                    store_),
@@ -95,7 +125,7 @@ class GlooTransport : public Transport {
           absl::StrCat(options_.label, ": cannot connect to the other ",
                        options_.world_size - 1, " rank(s) via store ",
                        options_.store_host, ":", options_.store_port, ": ",
-                       e.what()));
+                       Cause(e)));
     }
     return absl::OkStatus();
   }
@@ -198,7 +228,7 @@ class GlooTransport : public Transport {
       absl::MutexLock lock(&mu_);
       FailLocked(absl::UnavailableError(
           absl::StrCat(options_.label, ": gradient all-reduce in replica group ",
-                       group, " failed: ", e.what())));
+                       group, " failed: ", Cause(e))));
       return failure_;
     }
     absl::MutexLock lock(&mu_);
@@ -291,7 +321,7 @@ class GlooTransport : public Transport {
         } catch (const std::exception& e) {
           FailLocked(absl::UnavailableError(absl::StrCat(
               options_.label, ": send to ", PeerName(ch->peer), " (tag ",
-              item.tag, ") failed: ", e.what())));
+              item.tag, ") failed: ", Cause(e))));
           return;
         }
       }
@@ -300,7 +330,7 @@ class GlooTransport : public Transport {
       try {
         ch->current->wait(ToChrono(options_.timeout));
       } catch (const std::exception& e) {
-        error = e.what();
+        error = Cause(e);
       }
       absl::MutexLock lock(&mu_);
       ch->current.reset();
@@ -344,7 +374,7 @@ class GlooTransport : public Transport {
         } catch (const std::exception& e) {
           FailLocked(absl::UnavailableError(
               absl::StrCat(options_.label, ": posting a receive from ",
-                           PeerName(ch->peer), " failed: ", e.what())));
+                           PeerName(ch->peer), " failed: ", Cause(e))));
           return;
         }
         front = ch->inflight.front();
@@ -353,7 +383,7 @@ class GlooTransport : public Transport {
       try {
         front.work->wait(ToChrono(options_.timeout));
       } catch (const std::exception& e) {
-        error = e.what();
+        error = Cause(e);
       }
       absl::MutexLock lock(&mu_);
       if (!error.empty()) {
@@ -398,7 +428,7 @@ class TcpStoreServer : public StoreServer {
       return std::string(v.begin(), v.end());
     } catch (const std::exception& e) {
       return absl::DeadlineExceededError(
-          absl::StrCat("store key '", key, "' not set: ", e.what()));
+          absl::StrCat("store key '", key, "' not set: ", Cause(e)));
     }
   }
 
@@ -421,6 +451,10 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(
   return std::unique_ptr<Transport>(std::move(t));
 }
 
+absl::Status CheckTransportHost(const std::string& host) {
+  return DeviceFor(host).status();
+}
+
 absl::StatusOr<std::unique_ptr<StoreServer>> StartStoreServer(
     const std::string& host) {
   try {
@@ -432,7 +466,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StartStoreServer(
     return std::unique_ptr<StoreServer>(new TcpStoreServer(store));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("cannot start a TCPStore on ", host, ": ", e.what()));
+        absl::StrCat("cannot start a TCPStore on ", host, ": ", Cause(e)));
   }
 }
 
@@ -447,7 +481,7 @@ absl::Status PutToStore(const std::string& host, int port,
     store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot write '", key, "' to store ", host, ":", port, ": ", e.what()));
+        "cannot write '", key, "' to store ", host, ":", port, ": ", Cause(e)));
   }
   return absl::OkStatus();
 }

@@ -84,6 +84,10 @@ struct GlooTransportOptions {
   // Rendezvous: the TCPStore served by the launcher (or a test).
   std::string store_host = "127.0.0.1";
   int store_port = 0;
+  // This rank's own address (name or IP): the Gloo device binds to it and
+  // peers connect to it, so across hosts it is the worker's --host. It must
+  // resolve to an address of this machine.
+  std::string host = "127.0.0.1";
   // Namespace inside the store, so several jobs can share one store.
   std::string store_prefix = "apapo";
   int rank = 0;
@@ -99,10 +103,16 @@ struct GlooTransportOptions {
   std::string label;
 };
 
-// Connects to the store and to every other rank; fails (UNAVAILABLE /
-// DEADLINE_EXCEEDED naming the cause) if a peer does not show up in time.
+// Binds to `host`, connects to the store and to every other rank; fails
+// with FAILED_PRECONDITION (before touching the store) if `host` is not an
+// address of this machine, and with UNAVAILABLE / DEADLINE_EXCEEDED naming
+// the cause if a peer does not show up in time.
 absl::StatusOr<std::unique_ptr<Transport>> CreateGlooTransport(
     const GlooTransportOptions& options);
+
+// OK if a Gloo transport can bind to `host` (it resolves to an address of
+// this machine); FAILED_PRECONDITION naming the host otherwise.
+absl::Status CheckTransportHost(const std::string& host);
 
 // Starts a TCPStore server on `host`, port 0 (a free port), for the launcher
 // and tests. The returned handle keeps it alive; *port receives the port.

@@ -2,6 +2,7 @@
 
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -29,6 +30,8 @@ class WorkerDaemon::Session {
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [job, a] : assignments_) jobs.push_back(job);
+      // A profile may be waiting for its peers' link test.
+      jobs.insert(jobs.end(), profiling_.begin(), profiling_.end());
     }
     for (const auto& job : jobs) runner_->Stop(job);
     for (auto& t : workers_) t.join();
@@ -68,19 +71,41 @@ class WorkerDaemon::Session {
   void Handle(const CoordinatorMessage& command) {
     const int64_t id = command.command_id();
     switch (command.kind_case()) {
-      case CoordinatorMessage::kProfile:
-        workers_.emplace_back([this, command, id] {
+      case CoordinatorMessage::kProfile: {
+        apapo::v1::ProfileCommand profile = command.profile();
+        const apapo::v1::Rendezvous& rv = profile.rendezvous();
+        if (rv.world_size() > 1 && rv.rank() == 0 && rv.store_port() == 0) {
+          // This worker hosts the link test's store: the coordinator sends
+          // the other ranks their commands once it has the port.
+          absl::StatusOr<int> bound = runner_->HostRendezvous(profile.job_id());
+          if (!bound.ok()) {
+            Ack(id, bound.status());
+            break;
+          }
+          profile.mutable_rendezvous()->set_store_port(*bound);
+          Ack(id, absl::OkStatus(), *bound);
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          profiling_.insert(profile.job_id());
+        }
+        workers_.emplace_back([this, profile = std::move(profile), id] {
           absl::StatusOr<apapo::v1::ProfileResult> result =
-              runner_->Profile(command.profile());
+              runner_->Profile(profile);
+          {
+            absl::MutexLock lock(&mu_);
+            profiling_.erase(profile.job_id());
+          }
           if (result.ok()) {
             WorkerMessage m;
             *m.mutable_profile_result() = std::move(*result);
-            m.mutable_profile_result()->set_job_id(command.profile().job_id());
+            m.mutable_profile_result()->set_job_id(profile.job_id());
             Write(m);
           }
           Ack(id, result.status());
         });
         break;
+      }
       case CoordinatorMessage::kAssign: {
         const auto& assign = command.assign();
         int port = 0;
@@ -164,6 +189,7 @@ class WorkerDaemon::Session {
   absl::Mutex mu_;
   std::map<std::string, apapo::v1::AssignStage> assignments_ ABSL_GUARDED_BY(mu_);
   std::string running_job_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> profiling_ ABSL_GUARDED_BY(mu_);  // jobs in Profile
 };
 
 WorkerDaemon::WorkerDaemon(DaemonOptions options, JobRunner* runner)

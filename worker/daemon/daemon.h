@@ -1,7 +1,10 @@
 // WorkerDaemon: the worker side of WorkerService.Connect. It dials the
 // coordinator, registers, heartbeats, and carries out the commands it is
 // sent (profile, assign, start, stop) through a JobRunner, streaming
-// metrics, acknowledgements and stage outcomes back. When the coordinator
+// metrics, acknowledgements and stage outcomes back. A command that makes
+// this worker host the job's rendezvous (store_port 0: an AssignStage, or the
+// ProfileCommand of rank 0 of a link test) is acknowledged with the bound
+// port before its work starts. When the coordinator
 // is away it reconnects with exponential backoff; when the stream breaks it
 // stops the job it was running (the coordinator fails that job).
 //

@@ -18,6 +18,10 @@ class FakeRunner : public JobRunner {
  public:
   absl::StatusOr<apapo::v1::ProfileResult> Profile(
       const apapo::v1::ProfileCommand& command) override {
+    {
+      absl::MutexLock lock(&mu_);
+      profiled_ = command;
+    }
     apapo::v1::ProfileResult r;
     r.mutable_profile()->set_model(command.spec().name());
     r.mutable_profile()->add_nodes()->set_id("fc1");
@@ -42,8 +46,13 @@ class FakeRunner : public JobRunner {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
   }
+  apapo::v1::ProfileCommand profiled() {
+    absl::MutexLock lock(&mu_);
+    return profiled_;
+  }
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  apapo::v1::ProfileCommand profiled_ ABSL_GUARDED_BY(mu_);
 };
 
 // Records worker messages and lets the test wait for one of a kind.
@@ -149,6 +158,39 @@ TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
 
   daemon.Shutdown();
   run.join();
+}
+
+TEST(WorkerDaemonTest, ProfileThatHostsTheLinkTestAcksThePortFirst) {
+  Coordinator coord("127.0.0.1:0");
+  FakeRunner runner;
+  DaemonOptions options;
+  options.coordinator = "127.0.0.1:" + std::to_string(coord.port);
+  options.info.set_worker_id("w-host");
+  WorkerDaemon daemon(options, &runner);
+  std::thread run([&] { daemon.Run(); });
+  ASSERT_TRUE(daemon.WaitUntilRegistered(absl::Seconds(30)));
+
+  apapo::v1::CoordinatorMessage profile;
+  profile.mutable_profile()->set_job_id("job-1");
+  auto* rv = profile.mutable_profile()->mutable_rendezvous();
+  rv->set_world_size(2);
+  rv->set_rank(0);
+  auto id = coord.registry.Send("w-host", profile);
+  ASSERT_TRUE(id.ok());
+  WorkerMessage early = coord.inbox.WaitFor(WorkerMessage::kAck, 0);
+  EXPECT_EQ(early.ack().command_id(), *id);
+  EXPECT_EQ(early.ack().code(), 0);
+  EXPECT_EQ(early.ack().store_port(), 4242);
+  coord.inbox.WaitFor(WorkerMessage::kProfileResult);
+  // The runner measured through the store it hosts.
+  EXPECT_EQ(runner.profiled().rendezvous().store_port(), 4242);
+  WorkerMessage done = coord.inbox.WaitFor(WorkerMessage::kAck, 1);
+  EXPECT_EQ(done.ack().command_id(), *id);
+  EXPECT_EQ(done.ack().code(), 0);
+
+  daemon.Shutdown();
+  run.join();
+  coord.server.Shutdown();
 }
 
 }  // namespace

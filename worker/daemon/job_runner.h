@@ -2,9 +2,10 @@
 // (worker/daemon/daemon.h) speaks the coordinator protocol; a JobRunner does the
 // work: profile a model, host a job's rendezvous, train an assigned stage.
 //
-// Call order per job: [Profile] -> [HostRendezvous, on the hosting rank] ->
-// Train (blocks for the whole run) ; Stop may be called from another thread
-// at any time and makes a running Train return CANCELLED promptly.
+// Call order per job: [HostRendezvous, on rank 0 of the link test] ->
+// [Profile] -> [HostRendezvous, on the hosting rank] -> Train (blocks for the
+// whole run) ; Stop may be called from another thread at any time and makes
+// a running Profile or Train return CANCELLED promptly.
 // Thread-safety: implementations must allow Stop concurrently with Train and
 // Profile; one job at a time per worker.
 #ifndef APAPO_WORKER_DAEMON_JOB_RUNNER_H_
@@ -27,12 +28,14 @@ class JobRunner {
   virtual ~JobRunner() = default;
 
   // Builds the job's model and measures it (per-node times, bytes, memory)
-  // and, when the command carries a rendezvous, the links to its peers.
+  // and, when the command carries a rendezvous of several ranks, the links
+  // to its peers (an error naming the peer if that fails).
   virtual absl::StatusOr<apapo::v1::ProfileResult> Profile(
       const apapo::v1::ProfileCommand& command) = 0;
 
-  // Starts the job's c10d TCPStore on a free port of this host; returns it.
-  // The store lives until the job's Train returns or Stop.
+  // Starts the job's c10d TCPStore on a free port of this host; returns it
+  // (the same port while it lives). The store lives until the job's link
+  // test (Profile of rank 0) or Train returns, or Stop.
   virtual absl::StatusOr<int> HostRendezvous(const std::string& job_id) = 0;
 
   // Builds the assigned stage, joins the job's process group and trains to

@@ -42,7 +42,8 @@ struct ProfileOptions {
 // Profiles `command.spec`'s model with `command.iterations` timed passes
 // (3 when <= 0). WorkerResources.relative_speed is left 0 (the coordinator
 // derives it); memory_bytes is spec.resources.memory_per_worker_bytes, else
-// options.memory_bytes, else MemAvailable. Link measurement is not done.
+// options.memory_bytes, else MemAvailable. Links are measured
+// separately (link_profiler.h).
 // Errors: INVALID_ARGUMENT / UNIMPLEMENTED for specs the worker cannot
 // build, INTERNAL naming the node for LibTorch failures.
 absl::StatusOr<apapo::v1::ProfileResult> ProfileJob(

@@ -1,7 +1,8 @@
 // The training side of one worker's part of a coordinator-run job: given the
 // AssignStage the coordinator sent (the whole Plan, this worker's stage and
 // replica, the rendezvous), build the stage, join the job's Gloo process
-// group through the rendezvous TCPStore and train to the job's limits.
+// group through the rendezvous TCPStore (bound to rendezvous.local_host, the
+// worker's --host) and train to the job's limits.
 //
 // In production RunAssignment runs in a child process of the daemon
 // (TorchJobRunner re-executes the worker binary with --run_assignment=PATH,

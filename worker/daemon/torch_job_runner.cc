@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/daemon/link_profiler.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_channel.h"
 
@@ -91,22 +92,65 @@ TorchJobRunner::~TorchJobRunner() = default;
 
 absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
     const apapo::v1::ProfileCommand& command) {
-  auto flag = std::make_shared<std::atomic<bool>>(false);
+  const std::string& job = command.job_id();
+  auto stop = std::make_shared<absl::Notification>();
   {
     absl::MutexLock lock(&mu_);
-    profiling_[command.job_id()] = flag;
+    profiling_[job] = stop;
   }
+  struct Unregister {
+    TorchJobRunner* runner;
+    const std::string& job;
+    const std::shared_ptr<absl::Notification>& stop;
+    ~Unregister() {
+      absl::MutexLock lock(&runner->mu_);
+      auto it = runner->profiling_.find(job);
+      if (it != runner->profiling_.end() && it->second == stop) {
+        runner->profiling_.erase(it);
+      }
+    }
+  } unregister{this, job, stop};
+
+  // Links first: the peers start together, before their model timings
+  // (which take different times on different workers) set them apart.
+  std::vector<apapo::v1::LinkMeasurement> links;
+  const apapo::v1::Rendezvous& rv = command.rendezvous();
+  if (rv.world_size() > 1) {
+    LinkProfileOptions lo;
+    lo.host = rv.local_host().empty() ? options_.host : rv.local_host();
+    lo.stop = stop.get();
+    absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> measured =
+        MeasureLinks(command, lo);
+    // Every rank has left the store (or failed): the host may let it go.
+    if (rv.rank() == 0) ReleaseStore(job);
+    if (!measured.ok()) {
+      if (stop->HasBeenNotified()) {
+        return absl::CancelledError("profiling stopped");
+      }
+      return measured.status();
+    }
+    links = *std::move(measured);
+  }
+
   ProfileOptions o;
   o.threads = ThreadsFor(command.spec());
   o.memory_bytes = options_.memory_bytes;
-  o.cancelled = [flag] { return flag->load(); };
+  o.cancelled = [stop] { return stop->HasBeenNotified(); };
   absl::StatusOr<apapo::v1::ProfileResult> result = ProfileJob(command, o);
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = profiling_.find(command.job_id());
-    if (it != profiling_.end() && it->second == flag) profiling_.erase(it);
+  if (result.ok()) {
+    for (auto& link : links) *result->add_links() = std::move(link);
   }
   return result;
+}
+
+void TorchJobRunner::ReleaseStore(const std::string& job_id) {
+  std::unique_ptr<JobStore> store;
+  absl::MutexLock lock(&mu_);
+  if (auto s = stores_.find(job_id); s != stores_.end()) {
+    store = std::move(s->second);
+    stores_.erase(s);
+  }
+  // `store` is destroyed after the lock is dropped.
 }
 
 absl::StatusOr<int> TorchJobRunner::HostRendezvous(const std::string& job_id) {
@@ -143,8 +187,9 @@ bool TorchJobRunner::TakeEarlyStop(const std::string& job_id) {
 void TorchJobRunner::Stop(const std::string& job_id) {
   std::unique_ptr<JobStore> released;
   absl::MutexLock lock(&mu_);
-  if (auto it = profiling_.find(job_id); it != profiling_.end()) {
-    it->second->store(true);
+  if (auto it = profiling_.find(job_id);
+      it != profiling_.end() && !it->second->HasBeenNotified()) {
+    it->second->Notify();
   }
   auto it = children_.find(job_id);
   if (it == children_.end()) {
@@ -177,17 +222,10 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
       absl::StrCat("stage ", assignment.stage(),
                    " stopped: stop requested for job ", job);
   // The job's store (if hosted here) lives until this returns.
-  struct ReleaseStore {
+  struct ReleaseAtEnd {
     TorchJobRunner* runner;
     const std::string& job;
-    ~ReleaseStore() {
-      std::unique_ptr<JobStore> store;
-      absl::MutexLock lock(&runner->mu_);
-      if (auto s = runner->stores_.find(job); s != runner->stores_.end()) {
-        store = std::move(s->second);
-        runner->stores_.erase(s);
-      }
-    }
+    ~ReleaseAtEnd() { runner->ReleaseStore(job); }
   } release_store{this, job};
 
   if (options_.exe.empty()) {
@@ -202,7 +240,12 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
         absl::StrCat(label, ": ", ErrnoMessage("memfd_create")));
   }
   {
-    const std::string bytes = assignment.SerializeAsString();
+    // The child's transport binds to this worker's address.
+    apapo::v1::AssignStage local = assignment;
+    if (local.rendezvous().local_host().empty()) {
+      local.mutable_rendezvous()->set_local_host(options_.host);
+    }
+    const std::string bytes = local.SerializeAsString();
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n =

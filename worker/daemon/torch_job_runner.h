@@ -1,12 +1,19 @@
 // TorchJobRunner: the LibTorch JobRunner of the worker daemon.
 //
-//   Profile         in-process, on the calling thread (ProfileJob), with the
-//                   training child's thread count; Stop makes it return
-//                   CANCELLED at the next node boundary.
+//   Profile         in-process, on the calling thread: first the link test
+//                   when the command carries a rendezvous of several ranks
+//                   (MeasureLinks, bound to `host`), then the model
+//                   (ProfileJob) with the training child's thread count; Stop
+//                   makes it return CANCELLED while it waits for peers or at
+//                   the next node boundary. On the rank that hosts the
+//                   rendezvous, the link test's store is released when the
+//                   test ends.
 //   HostRendezvous  serves the job's c10d TCPStore on a free port from this
-//                   process until the job's Train returns (or Stop when no
-//                   Train runs).
-//   Train           runs the stage in a child process: fork + exec of
+//                   process until the job's link test (rank 0 of a profile
+//                   rendezvous) or Train returns, or Stop when neither runs.
+//   Train           runs the stage in a child process (its transport bound
+//                   to `host` unless the rendezvous names a local_host):
+//                   fork + exec of
 //                   `exe --run_assignment=/proc/self/fd/N`, N a memfd holding
 //                   the serialized AssignStage; the child (main ->
 //                   RunAssignmentChildMain) writes frames (stage_channel.h)
@@ -29,12 +36,12 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "worker/daemon/job_runner.h"
 #include "worker/daemon/stage_process.h"
@@ -44,6 +51,9 @@ namespace apapo::worker {
 struct TorchJobRunnerOptions {
   // The worker binary to exec in child mode (main passes /proc/self/exe).
   std::string exe;
+  // The worker's own address (its --host): the Gloo transports of the link
+  // test and of the stages bind to it.
+  std::string host = "127.0.0.1";
   // Time between SIGTERM and SIGKILL on Stop.
   absl::Duration stop_grace = absl::Seconds(2);
   // How long a Stop for a job that is not running is remembered.
@@ -83,6 +93,8 @@ class TorchJobRunner : public JobRunner {
   // True (and forgets it) if Stop(job_id) came recently with nothing running.
   bool TakeEarlyStop(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops serving the job's store, if this process serves it.
+  void ReleaseStore(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const TorchJobRunnerOptions options_;
@@ -91,7 +103,8 @@ class TorchJobRunner : public JobRunner {
   std::map<std::string, std::unique_ptr<JobStore>> stores_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, Child*> children_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<std::atomic<bool>>> profiling_
+  // Running profiles: job -> notified by Stop (only under mu_, so once).
+  std::map<std::string, std::shared_ptr<absl::Notification>> profiling_
       ABSL_GUARDED_BY(mu_);
   // Stops that found nothing running: job -> when.
   std::map<std::string, absl::Time> early_stops_ ABSL_GUARDED_BY(mu_);

@@ -142,6 +142,76 @@ TEST(TorchJobRunnerTest, ProfileRunsInProcess) {
   EXPECT_EQ(result->profile().nodes_size(), 7);
 }
 
+apapo::v1::ProfileCommand LinkProfile(const std::string& job, int port,
+                                      int rank, int world) {
+  apapo::v1::ProfileCommand c;
+  c.set_job_id(job);
+  c.set_iterations(1);
+  *c.mutable_spec() = TinyMlpSpec(1);
+  auto* rv = c.mutable_rendezvous();
+  rv->set_store_host("127.0.0.1");
+  rv->set_store_port(port);
+  rv->set_prefix(job + "/profile");
+  rv->set_world_size(world);
+  rv->set_rank(rank);
+  rv->mutable_timeout()->set_seconds(600);
+  rv->set_backend("gloo");
+  c.add_peers("w-a");
+  c.add_peers("w-b");
+  return c;
+}
+
+TEST(TorchJobRunnerTest, TwoRunnersProfileTheirLinkThroughTheHostsStore) {
+  TorchJobRunnerOptions host_options{kSelf};
+  host_options.host = "127.0.0.1";
+  TorchJobRunnerOptions peer_options{kSelf};
+  peer_options.host = "localhost";
+  TorchJobRunner host(host_options), peer(peer_options);
+  auto port = host.HostRendezvous("job-l");
+  ASSERT_TRUE(port.ok()) << port.status();
+  absl::StatusOr<apapo::v1::ProfileResult> result[2];
+  TorchJobRunner* runners[2] = {&host, &peer};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      result[rank] = runners[rank]->Profile(LinkProfile("job-l", *port, rank, 2));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(result[rank].ok()) << result[rank].status();
+    EXPECT_EQ(result[rank]->profile().nodes_size(), 7);
+    ASSERT_EQ(result[rank]->links_size(), 1);
+    EXPECT_GT(result[rank]->links(0).bandwidth_bytes_per_second(), 0);
+  }
+  EXPECT_EQ(result[0]->links(0).from_worker(), "w-a");
+  EXPECT_EQ(result[0]->links(0).to_worker(), "w-b");
+  EXPECT_EQ(result[1]->links(0).from_worker(), "w-b");
+}
+
+TEST(TorchJobRunnerTest, StopCancelsAProfileWaitingForItsPeer) {
+  TorchJobRunner host(kSelf), lonely(kSelf);
+  auto port = host.HostRendezvous("job-s");
+  ASSERT_TRUE(port.ok()) << port.status();
+  // Rank 0 never comes: only Stop ends the 10-minute wait.
+  absl::StatusOr<apapo::v1::ProfileResult> result;
+  absl::Notification returned;
+  std::thread profile([&] {
+    result = lonely.Profile(LinkProfile("job-s", *port, 1, 2));
+    returned.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  // Stop until it lands on the running profile (an earlier one finds none).
+  while (!returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)) &&
+         absl::Now() < deadline) {
+    lonely.Stop("job-s");
+  }
+  profile.join();
+  EXPECT_LT(absl::Now(), deadline);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled)
+      << result.status();
+}
+
 }  // namespace
 }  // namespace apapo::worker
 

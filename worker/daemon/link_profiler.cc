@@ -1,0 +1,317 @@
+#include "worker/daemon/link_profiler.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "worker/transport.h"
+
+namespace apapo::worker {
+namespace {
+
+using apapo::v1::LinkMeasurement;
+using apapo::v1::ProfileCommand;
+using Clock = std::chrono::steady_clock;
+
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(60);
+constexpr int64_t kSmallBytes = 8;
+// Store polls while waiting for peers start this far apart and back off.
+constexpr absl::Duration kFirstPoll = absl::Milliseconds(1);
+constexpr absl::Duration kMaxPoll = absl::Milliseconds(50);
+
+// A LibTorch / c10d error's message without the C++ backtrace that
+// c10::Error::what() appends (users see these messages).
+std::string Cause(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10 != nullptr ? c10->what_without_backtrace() : e.what();
+  absl::StripTrailingAsciiWhitespace(&msg);
+  return msg;
+}
+
+absl::Duration TimeoutOf(const apapo::v1::Rendezvous& rv) {
+  const absl::Duration t = absl::Seconds(rv.timeout().seconds()) +
+                           absl::Nanoseconds(rv.timeout().nanos());
+  return t > absl::ZeroDuration() ? t : kDefaultTimeout;
+}
+
+std::string WorkerOf(const ProfileCommand& c, int rank) {
+  if (rank < c.peers_size() && !c.peers(rank).empty()) return c.peers(rank);
+  return absl::StrCat("rank ", rank);
+}
+
+// "worker w-2 (rank 1)", or "rank 1" when the command names no peers.
+std::string PeerName(const ProfileCommand& c, int rank) {
+  if (rank < c.peers_size() && !c.peers(rank).empty()) {
+    return absl::StrCat("worker ", c.peers(rank), " (rank ", rank, ")");
+  }
+  return absl::StrCat("rank ", rank);
+}
+
+std::string Key(const std::string& phase, int rank) {
+  return absl::StrCat(phase, "/", rank);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The job's store and the waits on it.
+class LinkStore {
+ public:
+  LinkStore(const ProfileCommand& command, const absl::Notification* stop)
+      : command_(command), stop_(stop != nullptr ? stop : &never_) {}
+
+  void Connect(absl::Duration timeout) {
+    const apapo::v1::Rendezvous& rv = command_.rendezvous();
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(rv.store_port());
+    so.isServer = false;
+    so.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(rv.store_host(), so);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat(rv.prefix(), "/links"), tcp);
+  }
+
+  void Set(const std::string& phase, int rank, const std::string& value) {
+    store_->set(Key(phase, rank),
+                std::vector<uint8_t>(value.begin(), value.end()));
+  }
+
+  // Waits until every rank in `ranks` has set `phase`, polling the store
+  // (c10d's blocking wait cannot be abandoned on a stop).
+  absl::Status Await(const std::string& phase, const std::string& verb,
+                     std::vector<int> ranks, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration pause = kFirstPoll;
+    while (true) {
+      std::vector<int> missing;
+      for (int r : ranks) {
+        if (!store_->check({Key(phase, r)})) missing.push_back(r);
+      }
+      if (missing.empty()) return absl::OkStatus();
+      ranks = std::move(missing);
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        std::vector<std::string> names;
+        for (int r : ranks) names.push_back(PeerName(command_, r));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "link test: ", absl::StrJoin(names, ", "), " did not ", verb,
+            " within ", absl::FormatDuration(timeout)));
+      }
+      if (stop_->WaitForNotificationWithTimeout(
+              std::min(pause, deadline - now))) {
+        return absl::CancelledError("link test stopped");
+      }
+      pause = std::min(pause * 2, kMaxPoll);
+    }
+  }
+
+ private:
+  const ProfileCommand& command_;
+  absl::Notification never_;
+  const absl::Notification* const stop_;
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// What the initiator of a pair measured (and tells the responder).
+struct Figures {
+  double bandwidth = 0;  // bytes/second
+  double latency = 0;    // seconds
+};
+
+// The messages of one pair's exchange, in order: a warm-up and the timed
+// 8-byte round trips, then a warm-up and the timed large ones.
+std::vector<std::pair<int64_t, bool>> Exchange(const LinkProfileOptions& o) {
+  std::vector<std::pair<int64_t, bool>> out;  // (bytes, timed)
+  out.push_back({kSmallBytes, false});
+  for (int i = 0; i < std::max(1, o.latency_round_trips); ++i) {
+    out.push_back({kSmallBytes, true});
+  }
+  out.push_back({o.message_bytes, false});
+  for (int i = 0; i < std::max(1, o.round_trips); ++i) {
+    out.push_back({o.message_bytes, true});
+  }
+  return out;
+}
+
+// Rank `self` < `peer`: sends each message, times until the echo is back,
+// then sends the figures. Tags: message k goes out as 2k, comes back as
+// 2k+1; the figures follow as 2K.
+absl::StatusOr<Figures> Initiate(Transport& t, int peer,
+                                 const LinkProfileOptions& o) {
+  const at::Tensor small = torch::zeros({kSmallBytes}, torch::kUInt8);
+  const at::Tensor large = torch::zeros({o.message_bytes}, torch::kUInt8);
+  std::vector<double> small_rtt, large_rtt;
+  const auto exchange = Exchange(o);
+  int64_t tag = 0;
+  for (const auto& [bytes, timed] : exchange) {
+    const at::Tensor& message = bytes == kSmallBytes ? small : large;
+    if (absl::Status s = t.ExpectRecv(peer, tag + 1, bytes); !s.ok()) return s;
+    const Clock::time_point start = Clock::now();
+    if (absl::Status s = t.Send(peer, tag, message); !s.ok()) return s;
+    absl::StatusOr<at::Tensor> echo = t.Recv(peer, tag + 1);
+    if (!echo.ok()) return echo.status();
+    const double rtt =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    if (timed) (bytes == kSmallBytes ? small_rtt : large_rtt).push_back(rtt);
+    tag += 2;
+  }
+  Figures f;
+  f.latency = Median(small_rtt) / 2;
+  // One-way time of a large message, floored so a clock tick cannot make
+  // the figure infinite.
+  f.bandwidth = o.message_bytes / std::max(Median(large_rtt) / 2, 1e-9);
+  at::Tensor figures =
+      torch::tensor(std::vector<double>{f.bandwidth, f.latency}, torch::kDouble)
+          .view(torch::kUInt8);
+  if (absl::Status s = t.Send(peer, tag, figures); !s.ok()) return s;
+  if (absl::Status s = t.Flush(); !s.ok()) return s;
+  return f;
+}
+
+// Rank `self` > `peer`: echoes every message, then takes the figures.
+absl::StatusOr<Figures> Respond(Transport& t, int peer,
+                                const LinkProfileOptions& o) {
+  int64_t tag = 0;
+  for (const auto& [bytes, timed] : Exchange(o)) {
+    if (absl::Status s = t.ExpectRecv(peer, tag, bytes); !s.ok()) return s;
+    absl::StatusOr<at::Tensor> message = t.Recv(peer, tag);
+    if (!message.ok()) return message.status();
+    if (absl::Status s = t.Send(peer, tag + 1, *message); !s.ok()) return s;
+    tag += 2;
+  }
+  constexpr int64_t kFiguresBytes = 2 * sizeof(double);
+  if (absl::Status s = t.ExpectRecv(peer, tag, kFiguresBytes); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<at::Tensor> figures = t.Recv(peer, tag);
+  if (!figures.ok()) return figures.status();
+  if (absl::Status s = t.Flush(); !s.ok()) return s;
+  const at::Tensor values = figures->view(torch::kDouble);
+  return Figures{values[0].item<double>(), values[1].item<double>()};
+}
+
+absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
+    const ProfileCommand& command, const LinkProfileOptions& options) {
+  const apapo::v1::Rendezvous& rv = command.rendezvous();
+  const int world = rv.world_size();
+  const int self = rv.rank();
+  if (world <= 1) return std::vector<LinkMeasurement>();
+  if (self < 0 || self >= world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "link test: rank ", self, " out of range for world size ", world));
+  }
+  if (rv.store_port() <= 0) {
+    return absl::InvalidArgumentError("link test: the rendezvous has no store port");
+  }
+  if (options.message_bytes < kSmallBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "link test: message_bytes must be >= ", kSmallBytes));
+  }
+  const std::string host = options.host.empty() ? "127.0.0.1" : options.host;
+  // Before joining: a worker that cannot take part says so at once, and
+  // its peers wait for it only until the job is stopped.
+  if (absl::Status s = CheckTransportHost(host); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("link test: ", s.message()));
+  }
+  const absl::Duration timeout = TimeoutOf(rv);
+  std::vector<int> others;
+  for (int r = 0; r < world; ++r) {
+    if (r != self) others.push_back(r);
+  }
+
+  LinkStore store(command, options.stop);
+  try {
+    store.Connect(timeout);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "link test: cannot reach the job's rendezvous store ", rv.store_host(),
+        ":", rv.store_port(), ": ", Cause(e)));
+  }
+  store.Set("joined", self, WorkerOf(command, self));
+  if (absl::Status s = store.Await("joined", "join", others, timeout);
+      !s.ok()) {
+    return s;
+  }
+
+  GlooTransportOptions t;
+  t.store_host = rv.store_host();
+  t.store_port = rv.store_port();
+  t.store_prefix = absl::StrCat(rv.prefix(), "/links");
+  t.host = host;
+  t.rank = self;
+  t.world_size = world;
+  t.timeout = timeout;
+  t.recv_lookahead = 1;
+  t.label = PeerName(command, self);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateGlooTransport(t);
+  if (!transport.ok()) {
+    return absl::Status(transport.status().code(),
+                        absl::StrCat("link test: ", transport.status().message()));
+  }
+
+  std::vector<LinkMeasurement> links;
+  for (int i = 0; i < world; ++i) {
+    for (int j = i + 1; j < world; ++j) {
+      if (self != i && self != j) continue;
+      const int peer = self == i ? j : i;
+      absl::StatusOr<Figures> f = self == i ? Initiate(**transport, peer, options)
+                                            : Respond(**transport, peer, options);
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat("link test with ",
+                                         PeerName(command, peer), ": ",
+                                         f.status().message()));
+      }
+      LinkMeasurement& link = links.emplace_back();
+      link.set_from_worker(WorkerOf(command, self));
+      link.set_to_worker(WorkerOf(command, peer));
+      link.set_bandwidth_bytes_per_second(f->bandwidth);
+      link.set_latency_seconds(f->latency);
+      link.set_message_bytes(options.message_bytes);
+    }
+  }
+
+  store.Set("done", self, "");
+  if (absl::Status s = store.Await("done", "finish", others, timeout);
+      !s.ok()) {
+    return s;
+  }
+  transport->reset();
+  store.Set("left", self, "");
+  if (self == 0) {
+    if (absl::Status s = store.Await("left", "leave", others, timeout);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return links;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<LinkMeasurement>> MeasureLinks(
+    const ProfileCommand& command, const LinkProfileOptions& options) {
+  try {
+    return MeasureOrThrow(command, options);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("link test: lost the job's rendezvous store ",
+                     command.rendezvous().store_host(), ":",
+                     command.rendezvous().store_port(), ": ", Cause(e)));
+  }
+}
+
+}  // namespace apapo::worker

@@ -1,0 +1,70 @@
+// Measures the network links between the workers profiled for one job, with
+// real transfers over the Gloo transport the stages use (worker/transport.h),
+// so that the planner plans with measured bandwidth instead of a guess.
+//
+// Every rank of ProfileCommand.rendezvous calls MeasureLinks at about the
+// same time (TorchJobRunner::Profile does, before it times the model); rank 0
+// hosts the store (JobRunner::HostRendezvous). The protocol, all keys under
+// "<rendezvous.prefix>/links/" in the store:
+//   join     each rank sets "joined/<rank>" and waits for every rank's key;
+//   connect  a GlooTransport over the store, bound to options.host;
+//   measure  every pair i < j, in lexicographic order (a rank takes part in
+//            its own pairs only, so pairs of disjoint ranks may overlap):
+//            rank i ping-pongs with rank j, one warm-up round trip then
+//            `latency_round_trips` of 8 bytes, one warm-up then
+//            `round_trips` of `message_bytes`, and sends j its figures, so
+//            both report the same link;
+//   leave    each rank sets "done/<rank>" and waits for all (nobody closes a
+//            connection a peer still uses), drops the transport and sets
+//            "left/<rank>"; rank 0 returns only once every rank has left,
+//            so the store it hosts outlives its users.
+// Figures: latency = half the median 8-byte round trip; bandwidth =
+// message_bytes / half the median large round trip (latency included, since
+// the planner charges bytes / bandwidth per transfer).
+//
+// Failure model: every wait is bounded by rendezvous.timeout (60 s when
+// unset); the join and leave waits also end with CANCELLED as soon as
+// `options.stop` is notified. Errors name the peer: DEADLINE_EXCEEDED "link
+// test: worker w-2 (rank 1) did not join within 1m", UNAVAILABLE "link test
+// with worker w-2 (rank 1): ...", FAILED_PRECONDITION when options.host is
+// not an address of this machine.
+//
+// Thread-safety: MeasureLinks is reentrant (each call has its own store
+// client and transport).
+#ifndef APAPO_WORKER_DAEMON_LINK_PROFILER_H_
+#define APAPO_WORKER_DAEMON_LINK_PROFILER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "proto/apapo/v1/worker.pb.h"
+
+namespace apapo::worker {
+
+struct LinkProfileOptions {
+  // The address this worker's transport binds to (its --host).
+  std::string host = "127.0.0.1";
+  // Size of the large messages: a few MB, the order of the activations a
+  // stage boundary carries per micro-batch.
+  int64_t message_bytes = 4 << 20;
+  // Timed round trips of the large and of the 8-byte messages.
+  int round_trips = 4;
+  int latency_round_trips = 8;
+  // Notified to abandon the test (the job was stopped); may be null.
+  const absl::Notification* stop = nullptr;
+};
+
+// Measures the links between this worker (rank command.rendezvous.rank) and
+// every other rank of command.rendezvous; returns one LinkMeasurement per
+// peer, from this worker (command.peers[rank], else "rank N") to the peer.
+// A missing rendezvous or a world size <= 1 measures nothing (empty).
+absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> MeasureLinks(
+    const apapo::v1::ProfileCommand& command,
+    const LinkProfileOptions& options = {});
+
+}  // namespace apapo::worker
+
+#endif  // APAPO_WORKER_DAEMON_LINK_PROFILER_H_

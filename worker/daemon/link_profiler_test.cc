@@ -1,0 +1,181 @@
+// MeasureLinks with real Gloo transfers between ranks that run as threads of
+// this process, over loopback, through a TCPStore on a free port.
+
+#include "worker/daemon/link_profiler.h"
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/transport.h"
+
+namespace apapo::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+apapo::v1::ProfileCommand Command(int port, int rank, int world,
+                                  absl::Duration timeout) {
+  apapo::v1::ProfileCommand c;
+  c.set_job_id("job-links");
+  auto* rv = c.mutable_rendezvous();
+  rv->set_store_host("127.0.0.1");
+  rv->set_store_port(port);
+  rv->set_prefix("job-links");
+  rv->set_world_size(world);
+  rv->set_rank(rank);
+  rv->mutable_timeout()->set_seconds(absl::ToInt64Seconds(timeout));
+  rv->set_backend("gloo");
+  for (int r = 0; r < world; ++r) c.add_peers(std::string("w-") + char('a' + r));
+  return c;
+}
+
+struct Outcome {
+  absl::Status status;
+  std::vector<apapo::v1::LinkMeasurement> links;
+};
+
+// Runs MeasureLinks for `ranks` of a `world`-rank rendezvous, one thread
+// each, with `options_of(rank)`.
+std::vector<Outcome> RunRanks(
+    int port, int world, const std::vector<int>& ranks, absl::Duration timeout,
+    const std::function<LinkProfileOptions(int)>& options_of) {
+  std::vector<Outcome> out(world);
+  std::vector<std::thread> threads;
+  for (int rank : ranks) {
+    threads.emplace_back([&, rank] {
+      auto links =
+          MeasureLinks(Command(port, rank, world, timeout), options_of(rank));
+      out[rank].status = links.status();
+      if (links.ok()) out[rank].links = *std::move(links);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+LinkProfileOptions Small(int) {
+  LinkProfileOptions o;
+  o.message_bytes = 1 << 20;
+  return o;
+}
+
+TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out =
+      RunRanks((*server)->port(), 2, {0, 1}, absl::Seconds(60),
+               [](int) { return LinkProfileOptions(); });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(out[rank].status.ok()) << out[rank].status;
+    ASSERT_EQ(out[rank].links.size(), 1u);
+  }
+  const auto& a = out[0].links[0];
+  const auto& b = out[1].links[0];
+  EXPECT_EQ(a.from_worker(), "w-a");
+  EXPECT_EQ(a.to_worker(), "w-b");
+  EXPECT_EQ(b.from_worker(), "w-b");
+  EXPECT_EQ(b.to_worker(), "w-a");
+  EXPECT_GT(a.bandwidth_bytes_per_second(), 0);
+  EXPECT_NE(a.bandwidth_bytes_per_second(), 1e9);
+  EXPECT_GT(a.latency_seconds(), 0);
+  EXPECT_EQ(a.message_bytes(), 4 << 20);
+  // One ping-pong, one figure: both ends report it.
+  EXPECT_EQ(a.bandwidth_bytes_per_second(), b.bandwidth_bytes_per_second());
+  EXPECT_EQ(a.latency_seconds(), b.latency_seconds());
+}
+
+TEST(LinkProfilerTest, ThreeRanksMeasureEveryPair) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out =
+      RunRanks((*server)->port(), 3, {0, 1, 2}, absl::Seconds(60), Small);
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(out[rank].status.ok()) << out[rank].status;
+    ASSERT_EQ(out[rank].links.size(), 2u);
+    for (const auto& link : out[rank].links) {
+      EXPECT_EQ(link.from_worker(), std::string("w-") + char('a' + rank));
+      EXPECT_NE(link.to_worker(), link.from_worker());
+      EXPECT_GT(link.bandwidth_bytes_per_second(), 0);
+    }
+  }
+}
+
+TEST(LinkProfilerTest, SingleWorkerMeasuresNothing) {
+  // No store at all: nothing is contacted.
+  auto links = MeasureLinks(Command(1, 0, 1, absl::Seconds(1)));
+  ASSERT_TRUE(links.ok()) << links.status();
+  EXPECT_TRUE(links->empty());
+  apapo::v1::ProfileCommand no_rendezvous;
+  links = MeasureLinks(no_rendezvous);
+  ASSERT_TRUE(links.ok()) << links.status();
+  EXPECT_TRUE(links->empty());
+}
+
+TEST(LinkProfilerTest, PeerThatNeverJoinsIsADeadlineNamingIt) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out =
+      RunRanks((*server)->port(), 2, {0}, absl::Seconds(1), Small);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kDeadlineExceeded)
+      << out[0].status;
+  EXPECT_THAT(std::string(out[0].status.message()),
+              HasSubstr("worker w-b (rank 1) did not join within 1s"));
+}
+
+TEST(LinkProfilerTest, StopEndsTheWaitForPeers) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::Notification stop;
+  stop.Notify();
+  LinkProfileOptions o = Small(1);
+  o.stop = &stop;
+  const absl::Time start = absl::Now();
+  // Rank 0 never comes; only the stop ends the 10-minute wait.
+  auto links = MeasureLinks(Command((*server)->port(), 1, 2, absl::Minutes(10)), o);
+  EXPECT_EQ(links.status().code(), absl::StatusCode::kCancelled)
+      << links.status();
+  EXPECT_LT(absl::Now() - start, absl::Minutes(1));
+}
+
+TEST(LinkProfilerTest, HostThatIsNotThisMachineFailsAtOnceAndItsPeerNamesIt) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out =
+      RunRanks((*server)->port(), 2, {0, 1}, absl::Seconds(2), [](int rank) {
+        LinkProfileOptions o = Small(rank);
+        if (rank == 1) o.host = "no-such-host.invalid";
+        return o;
+      });
+  EXPECT_EQ(out[1].status.code(), absl::StatusCode::kFailedPrecondition)
+      << out[1].status;
+  EXPECT_THAT(std::string(out[1].status.message()),
+              HasSubstr("host 'no-such-host.invalid'"));
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kDeadlineExceeded)
+      << out[0].status;
+  EXPECT_THAT(std::string(out[0].status.message()),
+              HasSubstr("worker w-b (rank 1) did not join"));
+}
+
+TEST(LinkProfilerTest, UnreachableStoreIsUnavailable) {
+  // A port nobody listens on: a server started and stopped.
+  int port = 0;
+  {
+    auto server = StartStoreServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    port = (*server)->port();
+  }
+  auto links = MeasureLinks(Command(port, 1, 2, absl::Seconds(1)), Small(1));
+  EXPECT_EQ(links.status().code(), absl::StatusCode::kUnavailable)
+      << links.status();
+  EXPECT_THAT(std::string(links.status().message()),
+              HasSubstr("rendezvous store 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace apapo::worker
