@@ -63,6 +63,58 @@ TEST(PartitionerPlannerTest, PipelinesAChainOnTwoWorkersNamedByRegistryIds) {
   EXPECT_TRUE(plan->prediction().alternatives_samples_per_second().contains("gpipe"));
 }
 
+// The benchmark mlp's shape: fc0 costs 1, fc1-fc3 cost 3 each (a Linear's
+// backward without an input gradient is cheaper), all splittable. Whole-layer
+// cuts leave 4 | 6; splitting gives ~5 | 5.
+apapo::v1::ModelProfile UnbalancedMlpProfile() {
+  apapo::v1::ModelProfile p;
+  p.set_model("mlp");
+  p.set_batch_size(128);
+  std::string prev;
+  for (int i = 0; i < 4; ++i) {
+    auto* n = p.add_nodes();
+    n->set_id("fc" + std::to_string(i));
+    if (!prev.empty()) n->add_inputs(prev);
+    n->set_forward_seconds(i == 0 ? 0.01 : 0.01);
+    n->set_backward_seconds(i == 0 ? 0.0 : 0.02);
+    n->set_activation_bytes(128 * 2048 * 4);
+    n->set_parameter_bytes(2048LL * 2048 * 4);
+    n->set_split_width(2048);
+    prev = n->id();
+  }
+  return p;
+}
+
+TEST(PartitionerPlannerTest, SplitsWideLayersWhenThatBalancesStages) {
+  PartitionerPlanner planner;
+  auto spec = Spec();
+  spec.mutable_schedule()->clear_micro_batches();
+  auto plan = planner.MakePlan(spec, UnbalancedMlpProfile(), TwoWorkers(1e8));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2) << plan->DebugString();
+  ASSERT_GT(plan->splits_size(), 0) << plan->DebugString();
+  EXPECT_GE(plan->splits(0).parts(), 2);
+  EXPECT_THAT(plan->notes(), testing::Contains(testing::HasSubstr("column-wise")));
+  // Async without replication: whole mini-batches.
+  EXPECT_EQ(plan->micro_batches(), 1);
+  // Stages name nodes of the split graph, and together cover all of it.
+  int parts = 0;
+  for (const auto& stage : plan->stages()) {
+    for (const auto& id : stage.node_ids()) parts += id.find('/') != std::string::npos;
+  }
+  int expected = 0;
+  for (const auto& split : plan->splits()) expected += split.parts();
+  EXPECT_EQ(parts, expected);
+
+  // Balanced beyond any whole-layer cut (4 | 6 of 10 units: 1/0.6 of one).
+  spec.mutable_schedule()->set_split_layers(false);
+  auto unsplit = planner.MakePlan(spec, UnbalancedMlpProfile(), TwoWorkers(1e8));
+  ASSERT_TRUE(unsplit.ok()) << unsplit.status();
+  EXPECT_EQ(unsplit->splits_size(), 0);
+  EXPECT_GT(plan->prediction().samples_per_second(),
+            1.1 * unsplit->prediction().samples_per_second());
+}
+
 TEST(PartitionerPlannerTest, ExplicitDataParallelReplicatesOneStage) {
   PartitionerPlanner planner;
   auto spec = Spec();

@@ -16,7 +16,6 @@ namespace {
 using apapo::v1::JobSpec;
 using apapo::v1::LayerKind;
 
-constexpr int kDefaultMicroBatches = 4;
 constexpr size_t kMaxNameLength = 128;
 
 // Collects "<path>: <reason>" problems.
@@ -373,7 +372,7 @@ const std::vector<std::string>& BuiltinModelNames() {
 
 int EffectiveMicroBatches(const JobSpec& spec) {
   return spec.schedule().has_micro_batches() ? spec.schedule().micro_batches()
-                                             : kDefaultMicroBatches;
+                                             : 0;
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {

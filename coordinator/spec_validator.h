@@ -21,7 +21,8 @@ const std::vector<std::string>& BuiltinModelNames();
 // OK, or INVALID_ARGUMENT naming every invalid field of `spec`.
 absl::Status ValidateJobSpec(const apapo::v1::JobSpec& spec);
 
-// Micro-batches per mini-batch once defaults are applied (4 when unset).
+// Micro-batches per mini-batch as the spec sets them; 0 when unset (the
+// planner then picks schedule::DefaultMicroBatches for its schedule).
 int EffectiveMicroBatches(const apapo::v1::JobSpec& spec);
 
 }  // namespace apapo::coordinator

@@ -51,11 +51,14 @@ TEST(SpecValidatorTest, AcceptsGraphModelWithResidualEdge) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
-TEST(SpecValidatorTest, DefaultMicroBatchesIsFour) {
+TEST(SpecValidatorTest, UnsetMicroBatchesAreLeftToThePlanner) {
   JobSpec spec = Valid();
   spec.mutable_schedule()->clear_micro_batches();
-  EXPECT_EQ(EffectiveMicroBatches(spec), 4);
+  EXPECT_EQ(EffectiveMicroBatches(spec), 0);
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  // Even with a batch size no fixed default would divide.
+  spec.mutable_data()->set_batch_size(7);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
 struct Case {

@@ -6,7 +6,8 @@
 # trains the same model in one process for comparison, and shuts everything
 # down: about 5 minutes on 2 cores once built. By default both runs train one
 # epoch; `--epochs=3` gives the spec's full run (~12 minutes).
-# Exit status: 0 if the job succeeded.
+# Exit status: 0 if the job succeeded. APAPO_DEMO_RESULT=FILE also writes the
+# result table as JSON (tests/test_accuracy.py uses it).
 #   bash deploy/demo.sh [SPEC] [apapoctl submit flags, e.g. --epochs=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,7 +65,7 @@ set +e
 STATUS=${PIPESTATUS[0]}
 set -e
 echo "== the plan (predicted, and measured per stage)"
-"${CTL[@]}" plan "$JOB" || true
+"${CTL[@]}" plan "$JOB" | tee "$WORK/plan.txt" || true
 
 echo "== the same model in one process on one core, for comparison"
 SINGLE_SPEC="$WORK/single.textproto"
@@ -88,7 +89,8 @@ PY
   --summary="$WORK/single.json" 2>&1 | grep -E "test_acc|error" || true
 
 echo "== result"
-/usr/bin/python3 - "$WORK/watch.log" "$WORK/single.json" <<'PY'
+/usr/bin/python3 - "$WORK/watch.log" "$WORK/single.json" "${APAPO_DEMO_RESULT:-}" \
+  "$WORK/plan.txt" <<'PY'
 import json, re, sys
 watch = open(sys.argv[1]).read()
 m = re.search(r"succeeded: test accuracy ([0-9.]+)%, ([0-9.]+) samples/s", watch)
@@ -107,5 +109,12 @@ if acc1 is not None and sps1:
     print(f"{'single process, one core':32}{100 * acc1:>14.2f}%{sps1:>12.1f}")
     if m:
         print(f"speed-up: {float(m.group(2)) / sps1:.2f}x")
+if len(sys.argv) > 3 and sys.argv[3]:
+    # For scripts and tests: APAPO_DEMO_RESULT=FILE gets the figures as JSON.
+    json.dump({"apapo_accuracy": float(m.group(1)) / 100 if m else None,
+               "apapo_samples_per_s": float(m.group(2)) if m else None,
+               "single_accuracy": acc1, "single_samples_per_s": sps1,
+               "plan": open(sys.argv[4]).read()},
+              open(sys.argv[3], "w"))
 PY
 exit "$STATUS"

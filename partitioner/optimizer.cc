@@ -772,23 +772,9 @@ int SpanLevel(const Cluster& cluster, const std::vector<int>& workers) {
 int DefaultMicroBatches(const PlannerOptions& options,
                         const std::vector<int>& replicas) {
   if (options.micro_batches > 0) return options.micro_batches;
-  // Every replica gets at least one micro-batch per iteration.
-  int64_t need = *std::max_element(replicas.begin(), replicas.end());
-  const int p = replicas.size();
-  using schedule::ScheduleKind;
-  if (options.schedule == ScheduleKind::kGPipe ||
-      options.schedule == ScheduleKind::k1F1BFlush) {
-    need = std::max<int64_t>(need, 4 * p);
-  } else if (options.schedule == ScheduleKind::k2BW) {
-    // floor(m / R_s) must cover stage s's in-flight depth.
-    int64_t downstream = 0;
-    for (int s = p - 1; s >= 0; --s) {
-      downstream += replicas[s];
-      const int64_t depth = (downstream + replicas[s] - 1) / replicas[s];
-      need = std::max(need, depth * replicas[s]);
-    }
-  }
-  return static_cast<int>(std::min<int64_t>(need, 1 << 20));
+  return schedule::DefaultMicroBatches(
+      options.schedule, replicas,
+      static_cast<int64_t>(std::llround(options.batch_size)));
 }
 
 // Fills per-stage metrics and plan-level predictions from flattened stages.

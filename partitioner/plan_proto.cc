@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -131,6 +132,74 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
   }
   if (absl::Status s = graph.Validate(); !s.ok()) return s;
   return graph;
+}
+
+std::vector<std::string> SplitCandidates(const apapo::v1::ModelProfile& profile,
+                                         double min_share) {
+  double total = 0;
+  for (const auto& n : profile.nodes()) {
+    total += n.forward_seconds() + n.backward_seconds();
+  }
+  std::vector<std::string> out;
+  for (const auto& n : profile.nodes()) {
+    if (n.split_width() >= 2 &&
+        n.forward_seconds() + n.backward_seconds() >= min_share * total) {
+      out.push_back(n.id());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
+    const apapo::v1::ModelProfile& profile,
+    const std::vector<std::pair<std::string, int>>& splits) {
+  apapo::v1::ModelProfile out = profile;
+  std::set<std::string> ids;
+  for (const auto& n : profile.nodes()) ids.insert(n.id());
+  std::set<std::string> done;
+  for (const auto& [id, parts] : splits) {
+    const std::string where = absl::StrCat("split of '", id, "'");
+    if (!done.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": split twice"));
+    }
+    int pos = -1;
+    for (int i = 0; i < out.nodes_size(); ++i) {
+      if (out.nodes(i).id() == id) pos = i;
+    }
+    if (pos < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no such node in the profile"));
+    }
+    const apapo::v1::NodeProfile node = out.nodes(pos);
+    if (parts < 2 || parts > node.split_width()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parts must be in [2, split_width = ", node.split_width(),
+          "], got ", parts));
+    }
+    apapo::v1::NodeProfile concat;
+    concat.set_id(id);
+    concat.set_activation_bytes(node.activation_bytes());
+    concat.set_description(
+        absl::StrCat(node.description(), ", split into ", parts, " parts"));
+    for (int i = 0; i < parts; ++i) {
+      apapo::v1::NodeProfile part = node;
+      part.set_id(absl::StrCat(id, "/", i));
+      if (ids.count(part.id())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": the profile already has a node '", part.id(), "'"));
+      }
+      part.set_forward_seconds(node.forward_seconds() / parts);
+      part.set_backward_seconds(node.backward_seconds() / parts);
+      part.set_activation_bytes(node.activation_bytes() / parts);
+      part.set_parameter_bytes(node.parameter_bytes() / parts);
+      part.set_workspace_bytes(node.workspace_bytes() / parts);
+      part.set_split_width(0);
+      concat.add_inputs(part.id());
+      *out.add_nodes() = std::move(part);
+    }
+    *out.mutable_nodes(pos) = std::move(concat);
+  }
+  return out;
 }
 
 namespace {

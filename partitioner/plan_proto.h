@@ -8,6 +8,8 @@
 #define APAPO_PARTITIONER_PLAN_PROTO_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,6 +37,21 @@ absl::StatusOr<std::string> PlanToJson(const apapo::v1::Plan& plan);
 
 // Builds a validated graph from a profile (edges from NodeProfile.inputs).
 absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile);
+
+// Nodes worth splitting column-wise (plan.proto's LayerSplit): those with a
+// split_width of at least 2 whose forward + backward time is at least
+// `min_share` of the model's, in profile order.
+std::vector<std::string> SplitCandidates(const apapo::v1::ModelProfile& profile,
+                                         double min_share);
+
+// The profile of the split graph (worker/model_graph.h's SplitLinearLayers
+// applied to the measured model): each split node's time, activation and
+// parameter bytes are shared evenly by its parts "<id>/i"; the concat that
+// keeps the id costs no time and outputs the node's activations. Errors
+// name the split (unknown node, not splittable, parts out of range).
+absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
+    const apapo::v1::ModelProfile& profile,
+    const std::vector<std::pair<std::string, int>>& splits);
 
 // Reads a ModelProfile from a file: JSON if it starts with '{', else text
 // format. Errors are "FILE:LINE: reason" (LINE 0 when unknown).

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "partitioner/pipedream_format.h"
@@ -28,6 +30,54 @@ TEST(PlanProtoTest, JsonCarriesNodeIdsAndReplicas) {
   ASSERT_TRUE(json.ok());
   EXPECT_NE(json->find("\"nodeIds\""), std::string::npos);
   EXPECT_NE(json->find("\"replicas\": 3"), std::string::npos);
+}
+
+TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
+  apapo::v1::ModelProfile p;
+  auto* a = p.add_nodes();
+  a->set_id("a");
+  a->set_forward_seconds(1);
+  auto* fc = p.add_nodes();
+  fc->set_id("fc");
+  fc->add_inputs("a");
+  fc->set_forward_seconds(0.4);
+  fc->set_backward_seconds(0.8);
+  fc->set_activation_bytes(400);
+  fc->set_parameter_bytes(4000);
+  fc->set_split_width(10);
+  auto* out = p.add_nodes();
+  out->set_id("out");
+  out->add_inputs("fc");
+  out->set_forward_seconds(0.01);
+  // fc is 54.5% of the time, out 0.5%: only fc is worth splitting.
+  EXPECT_EQ(SplitCandidates(p, 0.05), std::vector<std::string>{"fc"});
+
+  auto split = SplitProfile(p, {{"fc", 4}});
+  ASSERT_TRUE(split.ok()) << split.status();
+  absl::StatusOr<Graph> g = GraphFromProfile(*split);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->num_nodes(), 7);
+  double forward = 0, params = 0;
+  for (const auto& n : split->nodes()) {
+    if (n.id().rfind("fc/", 0) == 0) {
+      EXPECT_EQ(n.inputs(0), "a");
+      EXPECT_DOUBLE_EQ(n.backward_seconds(), 0.2);
+      EXPECT_EQ(n.activation_bytes(), 100);
+      forward += n.forward_seconds();
+      params += n.parameter_bytes();
+    }
+    if (n.id() == "fc") {
+      EXPECT_EQ(n.inputs_size(), 4);  // the concat
+      EXPECT_EQ(n.activation_bytes(), 400);
+      EXPECT_EQ(n.forward_seconds(), 0);
+    }
+  }
+  EXPECT_DOUBLE_EQ(forward, 0.4);
+  EXPECT_DOUBLE_EQ(params, 4000);
+
+  EXPECT_FALSE(SplitProfile(p, {{"out", 2}}).ok());  // split_width 0
+  EXPECT_FALSE(SplitProfile(p, {{"fc", 11}}).ok());
+  EXPECT_FALSE(SplitProfile(p, {{"zz", 2}}).ok());
 }
 
 TEST(PlanProtoTest, ReadsTextAndJsonProfiles) {

@@ -82,6 +82,32 @@ int InFlightDepth(const ScheduleOptions& options, int stage) {
   return std::max(1, depth);
 }
 
+int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
+                        int64_t batch_size) {
+  int64_t need = 1;
+  for (int r : replicas) need = std::max<int64_t>(need, r);
+  const int64_t p = std::max<int64_t>(1, replicas.size());
+  if (kind == ScheduleKind::kGPipe || kind == ScheduleKind::k1F1BFlush) {
+    need = std::max<int64_t>(need, 4 * p);
+  } else if (kind == ScheduleKind::k2BW) {
+    // floor(m / R_s) must cover stage s's in-flight depth.
+    int64_t downstream = 0;
+    for (int64_t s = p - 1; s >= 0 && s < static_cast<int64_t>(replicas.size());
+         --s) {
+      downstream += replicas[s];
+      const int64_t depth = (downstream + replicas[s] - 1) / replicas[s];
+      need = std::max(need, depth * replicas[s]);
+    }
+  }
+  need = std::min<int64_t>(need, 1 << 20);
+  if (batch_size > 0) {
+    for (int64_t m = need; m <= batch_size; ++m) {
+      if (batch_size % m == 0) return static_cast<int>(m);
+    }
+  }
+  return static_cast<int>(need);
+}
+
 absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
   if (options.num_stages < 1) {
     return absl::InvalidArgumentError(

@@ -38,6 +38,27 @@ TEST(ScheduleKindTest, ParsesAndPrintsEveryName) {
   EXPECT_FALSE(ParseScheduleKind("pipedream").ok());
 }
 
+TEST(DefaultMicroBatchesTest, PerScheduleAndDividingTheBatch) {
+  // Async fills the pipeline with later iterations: whole mini-batches.
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kAsync, {1, 1}, 128), 1);
+  // One micro-batch per replica at least.
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kAsync, {2}, 128), 2);
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kDataParallel, {2}, 128), 2);
+  // Flush schedules: 4 x stages.
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kGPipe, {1, 1}, 128), 8);
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::k1F1BFlush, {1, 1, 1}, 0), 12);
+  // 2BW: stage 0 of 3 keeps 3 in flight.
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::k2BW, {1, 1, 1}, 0), 3);
+  // Rounded up to a divisor of the batch; kept when none is large enough.
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kGPipe, {1, 1}, 90), 9);
+  EXPECT_EQ(DefaultMicroBatches(ScheduleKind::kDataParallel, {3}, 2), 3);
+  // The result is always a valid schedule for those replicas.
+  ScheduleOptions o = Options(ScheduleKind::k2BW, 3, 0, 1);
+  o.micro_batches_per_iteration =
+      DefaultMicroBatches(o.kind, {1, 1, 1}, 128);
+  EXPECT_TRUE(ValidateScheduleOptions(o).ok()) << ValidateScheduleOptions(o);
+}
+
 TEST(StageProgramTest, AsyncWarmsUpThenAlternatesWithoutFlush) {
   // p = 3, m = 1 (update after every micro-batch, as PipeDream), 5 iterations.
   const ScheduleOptions options = Options(ScheduleKind::kAsync, 3, 1, 5);

@@ -95,7 +95,11 @@ absl::StatusOr<LocalPlan> PlanLocalJob(const apapo::v1::JobSpec& spec,
   plan.schedule.num_stages = stages;
   if (replicas > 1) plan.schedule.replicas.assign(stages, replicas);
   plan.schedule.micro_batches_per_iteration =
-      spec.schedule().has_micro_batches() ? spec.schedule().micro_batches() : 4;
+      spec.schedule().has_micro_batches()
+          ? spec.schedule().micro_batches()
+          : schedule::DefaultMicroBatches(
+                *kind, std::vector<int>(stages, replicas),
+                spec.data().batch_size());
   if (spec.schedule().has_max_staleness()) {
     // Stage 0's gradient delay is its in-flight depth minus one.
     plan.schedule.max_in_flight = spec.schedule().max_staleness() + 1;

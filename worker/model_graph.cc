@@ -826,6 +826,66 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
   }
 }
 
+absl::StatusOr<ModelGraph> SplitLinearLayers(
+    ModelGraph graph, const std::vector<std::pair<std::string, int>>& splits) {
+  if (splits.empty()) return graph;
+  // Shapes of the unsplit graph: the concat joins along the last dimension.
+  APAPO_ASSIGN_OR_RETURN(analyzed, AnalyzedGraph::Create(graph));
+  std::set<std::string> done;
+  for (const auto& [id, parts] : splits) {
+    const std::string where = absl::StrCat("plan.splits '", id, "'");
+    if (!done.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": split twice"));
+    }
+    const int index = analyzed.IndexOf(id);
+    if (index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no such node in the model graph"));
+    }
+    const NodeInfo& info = analyzed.nodes()[index];
+    if (info.kind() != apapo::v1::LAYER_KIND_LINEAR) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": only Linear nodes can be split, this one is ",
+          KindName(info.kind())));
+    }
+    const int64_t width = info.out_shape.back();
+    if (parts < 2 || parts > width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parts must be in [2, ", width, "], got ", parts));
+    }
+    int pos = 0;
+    while (graph.nodes(pos).id() != id) ++pos;
+    const LayerNode original = graph.nodes(pos);
+    // The concat takes the Linear's place; the parts go in front of it.
+    LayerNode concat;
+    concat.set_id(id);
+    concat.set_kind(apapo::v1::LAYER_KIND_CONCAT);
+    concat.set_description(absl::StrCat(original.description().empty()
+                                            ? std::string("Linear")
+                                            : original.description(),
+                                        ", split into ", parts, " parts"));
+    (*concat.mutable_attrs())["dim"].set_i(
+        static_cast<int64_t>(info.out_shape.size()));
+    std::vector<LayerNode> part_nodes;
+    for (int i = 0; i < parts; ++i) {
+      LayerNode part = original;
+      part.set_id(absl::StrCat(id, "/", i));
+      (*part.mutable_attrs())["out_features"].set_i(width / parts +
+                                                    (i < width % parts ? 1 : 0));
+      concat.add_inputs(part.id());
+      part_nodes.push_back(std::move(part));
+    }
+    *graph.mutable_nodes(pos) = std::move(concat);
+    for (LayerNode& part : part_nodes) {
+      *graph.add_nodes() = std::move(part);
+    }
+  }
+  // Validate the result (ids such as "<id>/0" must not collide).
+  APAPO_ASSIGN_OR_RETURN(check, AnalyzedGraph::Create(graph));
+  (void)check;
+  return graph;
+}
+
 absl::StatusOr<AnalyzedGraph> AnalyzedGraph::Create(ModelGraph graph) {
   AnalyzedGraph g;
   g.graph_ = std::make_shared<const ModelGraph>(std::move(graph));

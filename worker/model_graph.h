@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -69,6 +70,16 @@ using TorchScriptImporter = std::function<absl::StatusOr<apapo::v1::ModelGraph>(
 absl::StatusOr<apapo::v1::ModelGraph> GraphForJob(
     const apapo::v1::JobSpec& spec,
     const TorchScriptImporter& torchscript = nullptr);
+
+// Applies a plan's layer splits (proto/apapo/v1/plan.proto, LayerSplit):
+// each named LINEAR node becomes `parts` Linear nodes "<id>/0".. on the same
+// input plus a CONCAT that keeps the id, so consumers are unchanged and the
+// network computes the same function. Errors (INVALID_ARGUMENT) name the
+// split: an unknown node, a node that is not Linear, parts < 2 or more parts
+// than output features, a node split twice.
+absl::StatusOr<apapo::v1::ModelGraph> SplitLinearLayers(
+    apapo::v1::ModelGraph graph,
+    const std::vector<std::pair<std::string, int>>& splits);
 
 // A parameter tensor of a node, in the order the node's kernel expects it.
 struct ParamInfo {

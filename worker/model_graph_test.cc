@@ -1,6 +1,8 @@
 #include "worker/model_graph.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -36,6 +38,51 @@ TEST(ModelGraphTest, BuiltinMlpHasReferenceShapeAndSize) {
                                  2048 * 10 + 10);
   EXPECT_EQ(g->nodes()[g->IndexOf("fc5")].out_shape, (Shape{10}));
   EXPECT_TRUE(g->label_shape().empty());
+}
+
+TEST(ModelGraphTest, SplitLinearLayersKeepsShapesAndParameters) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto unsplit = AnalyzedGraph::Create(*graph);
+  ASSERT_TRUE(unsplit.ok());
+  auto split = SplitLinearLayers(*graph, {{"fc3", 3}, {"fc5", 2}});
+  ASSERT_TRUE(split.ok()) << split.status();
+  auto g = AnalyzedGraph::Create(*split);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->num_params(), unsplit->num_params());
+  const NodeInfo& fc3 = g->nodes()[g->IndexOf("fc3")];
+  EXPECT_EQ(fc3.kind(), apapo::v1::LAYER_KIND_CONCAT);
+  EXPECT_EQ(fc3.out_shape, (Shape{2048}));
+  EXPECT_EQ(g->nodes()[g->IndexOf("fc3/0")].out_shape, (Shape{683}));
+  EXPECT_EQ(g->nodes()[g->IndexOf("fc3/2")].out_shape, (Shape{682}));
+  EXPECT_EQ(g->nodes()[g->IndexOf("fc5")].out_shape, (Shape{10}));
+  // The parts read the split layer's input; its consumers are unchanged.
+  EXPECT_EQ(g->nodes()[g->IndexOf("fc3/1")].node->inputs(0), "relu2");
+  EXPECT_EQ(g->nodes()[g->IndexOf("relu3")].node->inputs(0), "fc3");
+  // No splits: the graph as given.
+  auto same = SplitLinearLayers(*graph, {});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->nodes_size(), graph->nodes_size());
+}
+
+TEST(ModelGraphTest, BadLayerSplitsNameTheSplit) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  ASSERT_TRUE(graph.ok());
+  struct Case {
+    std::vector<std::pair<std::string, int>> splits;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"nope", 2}}, "plan.splits 'nope': no such node"},
+           {{{"relu1", 2}}, "plan.splits 'relu1': only Linear nodes"},
+           {{{"fc2", 1}}, "plan.splits 'fc2': parts must be in [2, 2048], got 1"},
+           {{{"fc5", 11}}, "plan.splits 'fc5': parts must be in [2, 10], got 11"},
+           {{{"fc2", 2}, {"fc2", 4}}, "plan.splits 'fc2': split twice"}}) {
+    auto split = SplitLinearLayers(*graph, c.splits);
+    ASSERT_FALSE(split.ok()) << c.message;
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(split.status().message()), HasSubstr(c.message));
+  }
 }
 
 TEST(ModelGraphTest, BuiltinCnnMatchesPyTorchExample) {

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -30,6 +31,78 @@ using pipeline_test::RunPipeline;
 using pipeline_test::TrainSingleProcess;
 
 // A 3-hidden-layer mlp on 12-feature synthetic samples of 4 classes.
+// A plan's layer split (SplitLinearLayers) changes where stages may cut,
+// not what the network computes: with the unsplit weights sliced into the
+// parts, loss and gradients agree.
+TEST(SplitLinearLayersTest, SplitModelComputesTheSameFunction) {
+  apapo::v1::BuiltinModel mlp;
+  mlp.set_name("mlp");
+  (*mlp.mutable_hyper_parameters())["hidden"].set_i(96);
+  (*mlp.mutable_hyper_parameters())["layers"].set_i(2);
+  const DataShape data{{1, 28, 28}, DType::kFloat32, 10};
+  auto proto = BuiltinGraph(mlp, data);
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  auto split_proto = SplitLinearLayers(*proto, {{"fc2", 5}, {"fc3", 3}});
+  ASSERT_TRUE(split_proto.ok()) << split_proto.status();
+  auto whole = AnalyzedGraph::Create(*proto);
+  auto split = AnalyzedGraph::Create(*split_proto);
+  ASSERT_TRUE(whole.ok() && split.ok());
+  auto one_stage = [](const AnalyzedGraph& g) {
+    std::vector<std::string> ids;
+    for (const auto& n : g.nodes()) ids.push_back(n.id());
+    auto layouts = LayoutStages(g, {ids});
+    EXPECT_TRUE(layouts.ok()) << layouts.status();
+    auto model = StageModel::Create(g, (*layouts)[0]);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return std::move(*model);
+  };
+  auto a = one_stage(*whole);
+  auto b = one_stage(*split);
+  std::vector<at::Tensor> pa = a->InitParameters(7);
+  std::map<std::string, at::Tensor> by_name;
+  for (size_t i = 0; i < pa.size(); ++i) by_name[a->param_names()[i]] = pa[i];
+  // "fc2/3.weight" is rows [offset, offset + rows) of "fc2.weight".
+  std::map<std::string, int64_t> offset;
+  std::vector<at::Tensor> pb;
+  for (const std::string& name : b->param_names()) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) {
+      pb.push_back(by_name.at(name).detach().clone().requires_grad_(true));
+      continue;
+    }
+    const std::string node = name.substr(0, slash);
+    const std::string param = name.substr(name.find('.'));
+    const int64_t rows = split->nodes()[split->IndexOf(name.substr(0, name.find('.')))]
+                             .out_shape.back();
+    int64_t& at = offset[node + param];
+    pb.push_back(by_name.at(node + param)
+                     .detach()
+                     .narrow(0, at, rows)
+                     .clone()
+                     .requires_grad_(true));
+    at += rows;
+  }
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({6, 1, 28, 28});
+  const at::Tensor y = torch::randint(0, 10, {6}, torch::kLong);
+  auto fa = a->Forward({x, y}, pa, /*training=*/true);
+  auto fb = b->Forward({x, y}, pb, /*training=*/true);
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  EXPECT_NEAR(fa->loss.item<double>(), fb->loss.item<double>(), 1e-5);
+  auto ga = torch::autograd::grad({fa->loss}, pa);
+  auto gb = torch::autograd::grad({fb->loss}, pb);
+  // fc1 is not split: its gradient flows back through every part.
+  const auto index = [](const StageModel& m, const std::string& n) {
+    const auto& names = m.param_names();
+    return std::find(names.begin(), names.end(), n) - names.begin();
+  };
+  EXPECT_TRUE(torch::allclose(ga[index(*a, "fc1.weight")],
+                              gb[index(*b, "fc1.weight")], 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(
+      ga[index(*a, "fc2.weight")].narrow(0, 0, 20),
+      gb[index(*b, "fc2/0.weight")], 1e-5, 1e-6));
+}
+
 Fixture MakeFixture() {
   apapo::v1::DataSpec data;
   data.mutable_synthetic()->add_sample_shape(12);

@@ -44,14 +44,20 @@ COORDINATOR = os.path.join(BIN, "coordinator", "apapo-coordinator")
 PY = "/usr/bin/python3"
 SPECS = {"mlp": os.path.join(ROOT, "worker/testdata/mlp_fashion_mnist.textproto"),
          "cnn": os.path.join(ROOT, "worker/testdata/cnn_fashion_mnist.textproto")}
-ROWS = ["single", "auto", "async", "1f1b_flush", "gpipe", "replicas2", "ddp", "pipe"]
+ROWS = ["single", "auto", "async", "async_local", "1f1b_flush", "gpipe", "replicas2",
+        "ddp", "pipe"]
+# Rows that run through the product: a coordinator and two worker daemons;
+# the job's measured profile goes to the planner, which picks the cut (and
+# may split wide layers), replication and micro-batches for the schedule.
+CLUSTER_ROWS = ("auto", "async", "1f1b_flush", "gpipe", "replicas2")
 LABELS = {
     "single": "single process, 1 core (apapo-worker --local=1)",
     "auto": "ours, planner's choice (coordinator + 2 daemons)",
-    "async": "ours, async, 2 stages",
-    "1f1b_flush": "ours, 1f1b_flush, 2 stages",
-    "gpipe": "ours, gpipe, 2 stages",
-    "replicas2": "ours, 2 replicas (data parallel)",
+    "async": "ours, async (coordinator, planned)",
+    "async_local": "ours, async, 2 stages, whole-layer cut (--local=2)",
+    "1f1b_flush": "ours, 1f1b_flush (coordinator, planned)",
+    "gpipe": "ours, gpipe (coordinator, planned)",
+    "replicas2": "ours, 2 replicas (coordinator, data parallel)",
     "ddp": "PyTorch DDP, Gloo, 2 processes",
     "pipe": "PyTorch Pipe, 2 stages (1 process)",
 }
@@ -80,14 +86,23 @@ def make_spec(model, row, max_steps, epochs, workdir):
     elif row == "auto":
         pass  # UNSPECIFIED: the planner picks schedule, stages and replicas
     elif row in ("async", "1f1b_flush", "gpipe"):
+        # Async: micro-batches unset, i.e. 1 (later iterations fill the
+        # pipeline).
+        # The flush schedules get m=4 (32-sample micro-batches) as in earlier
+        # runs: their default 4 x stages = 8 makes 16-row GEMMs, slower here.
         s.kind = {"async": plan_pb2.SCHEDULE_KIND_ASYNC,
                   "1f1b_flush": plan_pb2.SCHEDULE_KIND_1F1B_FLUSH,
                   "gpipe": plan_pb2.SCHEDULE_KIND_GPIPE}[row]
-        s.stages, s.micro_batches = 2, 4
+        s.stages = 2
+        if row != "async":
+            s.micro_batches = 4
+    elif row == "async_local":
+        # The local launcher's contiguous, compute-balanced whole-layer cut.
+        s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
     elif row == "replicas2":
         # Each replica takes one micro-batch (64 samples) of the 128.
         s.kind = plan_pb2.SCHEDULE_KIND_DATA_PARALLEL
-        s.stages, s.replicas, s.micro_batches = 1, 2, 2
+        s.stages, s.replicas = 1, 2
     spec.name = f"bench-{model}-{row}"
     path = os.path.join(workdir, f"{model}-{row}-{max_steps}.textproto")
     with open(path, "w") as f:
@@ -241,8 +256,8 @@ class Cluster:
             time.sleep(0.1)
         raise RuntimeError(f"timed out waiting for {pattern!r} in {path}: {tail(path)}")
 
-    def run(self, model, max_steps, epochs, timeout):
-        spec, _ = make_spec(model, "auto", max_steps, epochs, self.workdir)
+    def run(self, model, row, max_steps, epochs, timeout):
+        spec, _ = make_spec(model, row, max_steps, epochs, self.workdir)
         t = time.time()
         job_id = self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec),
                                      timeout=30).job.id
@@ -273,7 +288,8 @@ class Cluster:
                            f"{len(p.stages)} stage(s) x "
                            f"{[s.replicas for s in p.stages]} replica(s), "
                            f"m={p.micro_batches}, predicted "
-                           f"{p.prediction.samples_per_second:.0f} samples/s")
+                           f"{p.prediction.samples_per_second:.0f} samples/s"
+                           + "".join(f", split {x.node_id}/{x.parts}" for x in p.splits))
             res["plan_alternatives"] = dict(p.prediction.alternatives_samples_per_second)
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
@@ -408,13 +424,13 @@ def main():
 
     cluster = None
     try:
-        if "auto" in rows or "auto" in a.accuracy:
+        if any(r in rows or f":{r}" in a.accuracy for r in CLUSTER_ROWS):
             cluster = Cluster(workdir)
             log(f"coordinator on port {cluster.port}, workers w-1 (core 0), w-2 (core 1)")
 
         def one(model, row, max_steps, epochs, timeout):
-            if row == "auto":
-                return cluster.run(model, max_steps, epochs, timeout)
+            if row in CLUSTER_ROWS:
+                return cluster.run(model, row, max_steps, epochs, timeout)
             if row in ("ddp", "pipe"):
                 return run_peer(model, row, max_steps, epochs, workdir, timeout, a.warmup)
             return run_local(model, row, max_steps, epochs, workdir, timeout)

@@ -28,7 +28,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kDefaultIterations = 3;
-constexpr int kDefaultMicroBatches = 4;  // as the coordinator's validator
+// Without micro_batches in the spec the planner picks them per schedule (1
+// for an async pipeline): profile whole mini-batches then.
+constexpr int kDefaultMicroBatches = 1;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -209,6 +211,9 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
         static_cast<int64_t>(times[k].activation_bytes * scale));
     np->set_parameter_bytes(times[k].parameter_bytes);
     np->set_description(Describe(node));
+    if (node.kind() == apapo::v1::LAYER_KIND_LINEAR) {
+      np->set_split_width(node.out_shape.back());  // see plan.proto LayerSplit
+    }
   }
   apapo::v1::WorkerResources* res = result.mutable_resources();
   res->set_relative_speed(0);  // the coordinator derives it

@@ -35,7 +35,6 @@ using apapo::v1::AssignStage;
 using apapo::v1::MetricsReport;
 
 constexpr absl::Duration kDefaultTimeout = absl::Seconds(120);
-constexpr int kDefaultMicroBatches = 4;  // as the coordinator's validator
 
 absl::Status Prefixed(const std::string& label, const absl::Status& s) {
   if (s.ok()) return s;
@@ -86,8 +85,10 @@ absl::StatusOr<StagePlan> PlanFromAssignment(const AssignStage& a) {
   const apapo::v1::JobSpec& spec = a.spec();
   out.schedule.micro_batches_per_iteration =
       plan.micro_batches() > 0 ? plan.micro_batches()
-      : spec.schedule().has_micro_batches() ? spec.schedule().micro_batches()
-                                            : kDefaultMicroBatches;
+      : spec.schedule().has_micro_batches()
+          ? spec.schedule().micro_batches()
+          : schedule::DefaultMicroBatches(out.schedule.kind, replicas,
+                                          spec.data().batch_size());
   if (spec.schedule().has_max_staleness()) {
     // Stage 0's gradient delay is its in-flight depth minus one.
     out.schedule.max_in_flight = spec.schedule().max_staleness() + 1;
@@ -217,6 +218,13 @@ absl::Status RunAssignmentOrThrow(
 
   auto proto_graph = GraphForJob(spec, TorchScriptGraph);
   if (!proto_graph.ok()) return Prefixed(label, proto_graph.status());
+  // The plan's stages name the nodes of the split graph.
+  std::vector<std::pair<std::string, int>> splits;
+  for (const auto& split : a.plan().splits()) {
+    splits.emplace_back(split.node_id(), split.parts());
+  }
+  proto_graph = SplitLinearLayers(*std::move(proto_graph), splits);
+  if (!proto_graph.ok()) return Prefixed(label, proto_graph.status());
   auto graph = AnalyzedGraph::Create(*std::move(proto_graph));
   if (!graph.ok()) return Prefixed(label, graph.status());
   auto layouts = LayoutStages(*graph, plan->stage_nodes);
@@ -233,6 +241,7 @@ absl::Status RunAssignmentOrThrow(
     GlooTransportOptions t;
     t.store_host = rv.store_host().empty() ? "127.0.0.1" : rv.store_host();
     t.store_port = rv.store_port();
+    t.host = rv.local_host().empty() ? "127.0.0.1" : rv.local_host();
     t.store_prefix = rv.prefix().empty() ? a.job_id() : rv.prefix();
     t.rank = rv.rank();
     t.world_size = world_size;
@@ -395,6 +404,8 @@ int RunAssignmentChildMain(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> StartJobStore() {
+  // c10d's TCPStore server listens on every interface whatever host it is
+  // given, so ranks on other hosts reach it at the worker's --host.
   auto server = StartStoreServer("127.0.0.1");
   if (!server.ok()) return server.status();
   return std::unique_ptr<JobStore>(new TcpJobStore(*std::move(server)));
