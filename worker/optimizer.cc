@@ -154,6 +154,37 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
   return next;
 }
 
+std::vector<at::Tensor> Optimizer::Predict(const std::vector<at::Tensor>& params,
+                                           double steps, int64_t step) const {
+  torch::NoGradGuard no_grad;
+  const double lr = LearningRate(step);
+  std::vector<at::Tensor> out;
+  out.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor dir;
+    if (i < slot1_.size() && slot1_[i].defined()) {
+      if (adam_ && i < slot2_.size() && slot2_[i].defined() && adam_steps_ > 0) {
+        const auto& a = spec_.adam();
+        const double b1 = a.has_beta1() ? a.beta1() : 0.9;
+        const double b2 = a.has_beta2() ? a.beta2() : 0.999;
+        const double eps = a.has_epsilon() ? a.epsilon() : 1e-8;
+        const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
+        const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
+        dir = (slot1_[i] / bc1) / ((slot2_[i] / bc2).sqrt_().add_(eps));
+      } else if (!adam_) {
+        dir = slot1_[i];
+      }
+    }
+    if (!dir.defined() || steps <= 0) {
+      out.push_back(params[i]);
+      continue;
+    }
+    out.push_back(
+        params[i].detach().add(dir, -lr * steps).set_requires_grad(true));
+  }
+  return out;
+}
+
 std::vector<at::Tensor> Optimizer::State() const {
   std::vector<at::Tensor> out;
   out.push_back(torch::tensor({adam_steps_}, torch::kLong));

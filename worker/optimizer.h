@@ -44,6 +44,12 @@ class Optimizer {
                                std::vector<at::Tensor>& grads, int64_t step,
                                std::vector<at::Tensor> reuse = {});
 
+  // `params` moved `steps` updates ahead along the current step direction
+  // (SGD: the momentum buffer; Adam: m_hat / (sqrt(v_hat) + eps)) at update
+  // number `step`'s learning rate. A parameter without a direction yet (no
+  // momentum, or before the first step) is returned as it is.
+  std::vector<at::Tensor> Predict(const std::vector<at::Tensor>& params,
+                                  double steps, int64_t step) const;
   // Optimizer state for checkpoints: a flat list of tensors (empty until the
   // first step for SGD without momentum).
   std::vector<at::Tensor> State() const;

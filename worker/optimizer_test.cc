@@ -74,6 +74,50 @@ TEST(OptimizerTest, StepNeverWritesTheGivenVersion) {
   EXPECT_TRUE(v1[0].is_leaf());
 }
 
+TEST(OptimizerTest, StepWritesIntoRecycledTensors) {
+  apapo::v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_momentum(0.9);
+  spec.set_learning_rate(0.1);
+  auto opt = Optimizer::Create(spec, 2);
+  std::vector<at::Tensor> v0 = {torch::ones({3}).requires_grad_(true)};
+  std::vector<at::Tensor> g = {torch::ones({3})};
+  std::vector<at::Tensor> spare = {torch::zeros({3}).requires_grad_(true)};
+  const void* storage = spare[0].data_ptr();
+  auto v1 = (*opt)->Step(v0, g, 0, spare);
+  EXPECT_EQ(v1[0].data_ptr(), storage);
+  EXPECT_TRUE(torch::allclose(v1[0], torch::full({3}, 0.9)));
+  EXPECT_TRUE(torch::equal(v0[0], torch::ones({3})));
+  // Wrong shapes are not reused.
+  auto v2 = (*opt)->Step(v1, g, 1, {torch::zeros({4})});
+  EXPECT_NE(v2[0].data_ptr(), storage);
+  EXPECT_EQ(v2[0].sizes(), v1[0].sizes());
+}
+
+TEST(OptimizerTest, PredictMovesAlongTheStepDirection) {
+  apapo::v1::OptimizerSpec sgd;
+  sgd.mutable_sgd()->set_momentum(0.9);
+  sgd.set_learning_rate(0.1);
+  auto opt = Optimizer::Create(sgd, 3);
+  std::vector<at::Tensor> v0 = {torch::ones({3}).requires_grad_(true)};
+  // No direction before the first step: the weights as they are.
+  EXPECT_TRUE(torch::equal((*opt)->Predict(v0, 2, 0)[0], v0[0]));
+  std::vector<at::Tensor> g = {torch::full({3}, 2.0)};
+  auto v1 = (*opt)->Step(v0, g, 0);  // buffer = 2, v1 = 1 - 0.1 * 2 = 0.8
+  auto p = (*opt)->Predict(v1, 2, 1);
+  EXPECT_TRUE(torch::allclose(p[0], torch::full({3}, 0.8 - 2 * 0.1 * 2)));
+  EXPECT_TRUE(torch::allclose(v1[0], torch::full({3}, 0.8)));  // untouched
+  EXPECT_TRUE(p[0].requires_grad());
+
+  apapo::v1::OptimizerSpec adam;
+  adam.mutable_adam();
+  adam.set_learning_rate(0.01);
+  auto a = Optimizer::Create(adam, 3);
+  auto w1 = (*a)->Step(v0, g, 0);
+  // After one step m_hat = g, v_hat = g^2: the direction is ~sign(g).
+  auto q = (*a)->Predict(w1, 1, 1);
+  EXPECT_TRUE(torch::allclose(q[0], w1[0] - 0.01, 1e-5, 1e-6));
+}
+
 TEST(OptimizerTest, LearningRateWarmupDecayAndClipping) {
   apapo::v1::OptimizerSpec spec;
   spec.mutable_sgd();

@@ -64,6 +64,23 @@ struct StageExecutor::Impl {
   std::map<int64_t, int> version_refs;
   // Tensors of the last dropped version, overwritten by the next update.
   std::vector<at::Tensor> spare;
+  // Weight prediction: updates ahead (0: off) and the predicted weights of
+  // each held version, made on the version's first forward.
+  double prediction_steps = 0;
+  std::map<int64_t, std::vector<at::Tensor>> predicted;
+
+  // The weights forward and backward of version `v` run on.
+  const std::vector<at::Tensor>& WeightsFor(int64_t v) {
+    if (prediction_steps <= 0) return versions.at(v);
+    auto it = predicted.find(v);
+    if (it == predicted.end()) {
+      it = predicted
+               .emplace(v, optimizer->Predict(versions.at(v), prediction_steps,
+                                              global_step))
+               .first;
+    }
+    return it->second;
+  }
   int64_t newest = 0;
   int64_t global_step = 0;
   std::vector<at::Tensor> grad_acc;
@@ -148,6 +165,7 @@ struct StageExecutor::Impl {
         if (it->first > 0 && !config.record_backwards) {
           spare = std::move(it->second);
         }
+        predicted.erase(it->first);
         it = versions.erase(it);
       } else {
         ++it;
@@ -189,7 +207,7 @@ struct StageExecutor::Impl {
           ", which is not held (newest ", newest, ")"));
     }
     ++version_refs[v];
-    auto fwd = model->Forward(inputs, vit->second, /*training=*/true);
+    auto fwd = model->Forward(inputs, WeightsFor(v), /*training=*/true);
     if (!fwd.ok()) return Fail("forward", fwd.status());
     Stash s;
     s.version = v;
@@ -254,7 +272,7 @@ struct StageExecutor::Impl {
         if (config.record_backwards) grad_outputs.push_back(grad.clone());
       }
     }
-    const std::vector<at::Tensor>& params = versions.at(v);
+    const std::vector<at::Tensor>& params = WeightsFor(v);
     std::vector<at::Tensor> targets(params.begin(), params.end());
     std::vector<int> input_target;  // index into targets per float input
     for (size_t i = 0; i < s.inputs.size(); ++i) {
@@ -801,6 +819,14 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   auto opt = Optimizer::Create(config.optimizer, impl->total_steps);
   if (!opt.ok()) return opt.status();
   impl->optimizer = *std::move(opt);
+  if (config.weight_prediction &&
+      config.schedule.kind == schedule::ScheduleKind::kAsync) {
+    // The stage's gradient delay in updates: its in-flight depth minus one,
+    // in micro-batches, over the micro-batches of an update.
+    impl->prediction_steps =
+        static_cast<double>(schedule::InFlightDepth(config.schedule, config.stage) - 1) /
+        config.schedule.micro_batches_per_iteration;
+  }
   impl->config = std::move(config);
   impl->layout = &impl->config.layouts[impl->config.stage];
   auto model = StageModel::Create(*impl->config.graph, *impl->layout);
@@ -880,6 +906,7 @@ void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* c) {
                            ? spec.data().eval_batch_size()
                            : std::max(spec.data().batch_size(), 500);
   c->checkpoint = spec.checkpoint();
+  c->weight_prediction = spec.schedule().weight_prediction();
 }
 
 void FillStageMetrics(const StageReport& r, int stage, int rank,

@@ -81,6 +81,9 @@ struct ExecutorConfig {
   // after each evaluation.
   std::function<void(const TrainingProgress&)> on_progress;
   int64_t progress_every = 50;
+  // Async only: forward and backward run on weights predicted `delay`
+  // updates ahead (see ScheduleSpec.weight_prediction in job.proto).
+  bool weight_prediction = false;
   // Test hook: record every backward pass (see BackwardRecord).
   bool record_backwards = false;
   // Initial weights: when empty, initialised from `seed`.
