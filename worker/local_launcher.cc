@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "coordinator/partitioner_planner.h"
 #include "google/protobuf/text_format.h"
 #include "partitioner/plan_proto.h"
 #include "proto/apapo/v1/metrics.pb.h"
@@ -72,11 +74,122 @@ absl::StatusOr<apapo::v1::JobSpec> ReadJobSpec(const std::string& path) {
   return spec;
 }
 
+namespace {
+
+// Multiply-adds per second the estimated profile charges (one core here ran
+// the mlp's forward + backward at ~3e10).
+constexpr double kEstimatedOpsPerSecond = 3e10;
+
+// The costs PlanLocalJob plans from without measuring: see local_launcher.h.
+apapo::v1::ModelProfile EstimatedProfile(const AnalyzedGraph& graph,
+                                         int64_t batch) {
+  apapo::v1::ModelProfile p;
+  p.set_model(graph.graph().name());
+  p.set_batch_size(batch);
+  p.set_source("estimated from the graph's shapes by apapo-worker --local");
+  for (const NodeInfo& n : graph.nodes()) {
+    apapo::v1::NodeProfile* np = p.add_nodes();
+    np->set_id(n.id());
+    for (const std::string& in : n.node->inputs()) np->add_inputs(in);
+    const double forward =
+        static_cast<double>(n.forward_ops) * batch / kEstimatedOpsPerSecond;
+    np->set_forward_seconds(forward);
+    np->set_backward_seconds(n.num_params > 0 ? 2 * forward : forward);
+    int64_t numel = 1;
+    for (int64_t d : n.out_shape) numel *= d;
+    np->set_activation_bytes(numel * batch *
+                             (n.out_dtype == DType::kInt64 ? 8 : 4));
+    np->set_parameter_bytes(n.num_params * 4);
+    if (n.kind() == apapo::v1::LAYER_KIND_LINEAR && !n.out_shape.empty()) {
+      np->set_split_width(n.out_shape.back());
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<LocalPlan> PlanWithPartitioner(const apapo::v1::JobSpec& spec,
+                                              const AnalyzedGraph& graph,
+                                              int workers) {
+  apapo::v1::ClusterSpec cluster;
+  for (int w = 0; w < workers; ++w) {
+    apapo::v1::WorkerResources* r = cluster.add_workers();
+    r->set_worker_id(absl::StrCat("rank-", w));
+    r->set_relative_speed(1.0);
+  }
+  apapo::v1::NetworkLevel* level = cluster.add_levels();
+  level->set_group_size(workers);
+  level->set_bandwidth_bytes_per_second(1e9);
+  coordinator::PartitionerPlanner planner;
+  auto proto = planner.MakePlan(
+      spec, EstimatedProfile(graph, spec.data().batch_size()), cluster);
+  if (!proto.ok()) return proto.status();
+  auto kind = partitioner::ScheduleFromProto(proto->schedule(), "plan.schedule");
+  if (!kind.ok()) return kind.status();
+  LocalPlan plan;
+  plan.schedule.kind = *kind;
+  plan.schedule.num_stages = proto->stages_size();
+  std::vector<int> replicas;
+  bool replicated = false;
+  std::vector<std::string> parts;
+  for (const apapo::v1::Stage& st : proto->stages()) {
+    plan.stage_nodes.emplace_back(st.node_ids().begin(), st.node_ids().end());
+    replicas.push_back(std::max(1, st.replicas()));
+    replicated |= replicas.back() > 1;
+    parts.push_back(absl::StrCat("[", st.node_ids(0), "..",
+                                 st.node_ids(st.node_ids_size() - 1), "]",
+                                 replicas.back() > 1
+                                     ? absl::StrCat(" x", replicas.back())
+                                     : ""));
+    plan.world_size += replicas.back();
+  }
+  if (replicated) plan.schedule.replicas = replicas;
+  plan.schedule.micro_batches_per_iteration = std::max(1, proto->micro_batches());
+  if (spec.schedule().has_max_staleness()) {
+    plan.schedule.max_in_flight = spec.schedule().max_staleness() + 1;
+  }
+  if (absl::Status s = schedule::ValidateScheduleOptions(plan.schedule);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
+  }
+  if (plan.world_size != workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the partitioner planned ", plan.world_size, " process(es) for --local=",
+        workers, "; set spec.schedule.stages / replicas to force a layout"));
+  }
+  std::vector<std::string> split_names;
+  for (const apapo::v1::LayerSplit& split : proto->splits()) {
+    plan.splits.emplace_back(split.node_id(), split.parts());
+    split_names.push_back(absl::StrCat(split.node_id(), "/", split.parts()));
+  }
+  plan.description = absl::StrCat(
+      schedule::ScheduleKindName(*kind), " (planned), ", plan.schedule.num_stages,
+      " stage(s), m=", plan.schedule.micro_batches_per_iteration, ": ",
+      absl::StrJoin(parts, " | "),
+      split_names.empty() ? ""
+                          : absl::StrCat(", split ", absl::StrJoin(split_names, " ")));
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<AnalyzedGraph> PlannedGraph(const AnalyzedGraph& graph,
+                                           const LocalPlan& plan) {
+  if (plan.splits.empty()) return graph;
+  auto split = SplitLinearLayers(graph.graph(), plan.splits);
+  if (!split.ok()) return split.status();
+  return AnalyzedGraph::Create(*std::move(split));
+}
+
 absl::StatusOr<LocalPlan> PlanLocalJob(const apapo::v1::JobSpec& spec,
                                        const AnalyzedGraph& graph,
                                        int workers) {
   auto kind = partitioner::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
   if (!kind.ok()) return kind.status();
+  if (workers > 1 && spec.schedule().stages() <= 0 &&
+      spec.schedule().replicas() <= 0 &&
+      *kind != schedule::ScheduleKind::kDataParallel) {
+    return PlanWithPartitioner(spec, graph, workers);
+  }
   LocalPlan plan;
   int replicas = spec.schedule().replicas() > 0 ? spec.schedule().replicas() : 1;
   int stages = spec.schedule().stages();
@@ -142,6 +255,8 @@ absl::Status RunRank(const apapo::v1::JobSpec& spec,
   if (!graph.ok()) return report_error(graph.status());
   auto plan = PlanLocalJob(spec, *graph, options.world_size);
   if (!plan.ok()) return report_error(plan.status());
+  graph = PlannedGraph(*graph, *plan);
+  if (!graph.ok()) return report_error(graph.status());
   auto layouts = LayoutStages(*graph, plan->stage_nodes);
   if (!layouts.ok()) return report_error(layouts.status());
   int stage = 0, replica = 0;
@@ -230,8 +345,11 @@ absl::Status RunLocalJob(const apapo::v1::JobSpec& spec,
   if (!graph.ok()) return graph.status();
   auto plan = PlanLocalJob(spec, *graph, options.workers);
   if (!plan.ok()) return plan.status();
-  if (!LayoutStages(*graph, plan->stage_nodes).ok()) {
-    return LayoutStages(*graph, plan->stage_nodes).status();
+  graph = PlannedGraph(*graph, *plan);
+  if (!graph.ok()) return graph.status();
+  if (absl::Status s = LayoutStages(*graph, plan->stage_nodes).status();
+      !s.ok()) {
+    return s;
   }
   auto server = StartStoreServer();
   if (!server.ok()) return server.status();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,10 +38,24 @@ struct LocalPlan {
   schedule::ScheduleOptions schedule;  // num_iterations unused
   int world_size = 0;
   std::string description;  // "async, 2 stages x 1 replica, m=4: ..."
+  // Layer splits the plan's stage_nodes refer to (plan.proto LayerSplit).
+  std::vector<std::pair<std::string, int>> splits;
 };
+// When the spec leaves stages and replicas to the planner (and the schedule
+// is not data parallelism), the partitioner plans the job, as the
+// coordinator does, from costs estimated from the graph (multiply-adds at a
+// fixed rate, backward twice forward for layers with weights; activation
+// and parameter bytes from the shapes; a 1 GB/s loopback network); it may
+// split wide layers. A forced stage count gets the compute-balanced
+// contiguous cut of whole layers (BalancedSplit). Deterministic: every rank
+// computes the same plan.
 absl::StatusOr<LocalPlan> PlanLocalJob(const apapo::v1::JobSpec& spec,
                                        const AnalyzedGraph& graph,
                                        int workers);
+
+// The graph a rank builds its stage from: `graph` with the plan's splits.
+absl::StatusOr<AnalyzedGraph> PlannedGraph(const AnalyzedGraph& graph,
+                                           const LocalPlan& plan);
 
 struct RankOptions {
   int rank = 0;
