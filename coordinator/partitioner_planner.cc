@@ -1,10 +1,12 @@
 #include "coordinator/partitioner_planner.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/spec_validator.h"
@@ -120,12 +122,50 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       absl::StatusOr<pt::Graph> split_graph = pt::GraphFromProfile(*split_profile);
       if (!split_graph.ok()) continue;
       absl::StatusOr<pt::Plan> split_plan = PlanWith(*split_graph, *cluster, options);
+      // The best of the part counts, if it beats the unsplit plan by the
+      // margin (not each count against the previous one).
       if (split_plan.ok() && split_plan->stages.size() > 1 &&
           split_plan->samples_per_second >
-              plan->samples_per_second * kMinSplitGain) {
+              unsplit_samples_per_second * kMinSplitGain &&
+          split_plan->samples_per_second > plan->samples_per_second) {
         plan = std::move(split_plan);
         graph = std::move(split_graph);
         splits = std::move(trial);
+      }
+    }
+    // Keep only the splits a stage boundary runs through: a layer whose
+    // parts all land in one stage computes faster whole (one larger GEMM,
+    // no concat). Re-planned with those alone, kept unless predicted slower.
+    if (!splits.empty()) {
+      std::vector<std::pair<std::string, int>> needed;
+      for (const auto& [id, parts] : splits) {
+        std::set<int> stages_of_parts;
+        for (size_t st = 0; st < plan->stages.size(); ++st) {
+          for (int node : plan->stages[st].nodes) {
+            if (absl::StartsWith(graph->node(node).id, id + "/")) {
+              stages_of_parts.insert(static_cast<int>(st));
+            }
+          }
+        }
+        if (stages_of_parts.size() > 1) needed.emplace_back(id, parts);
+      }
+      if (needed.size() < splits.size()) {
+        absl::StatusOr<pt::Plan> fewer_plan = absl::InternalError("no splits");
+        absl::StatusOr<pt::Graph> fewer_graph = *graph;
+        if (needed.empty()) {
+          fewer_graph = pt::GraphFromProfile(profile);
+        } else if (auto p = pt::SplitProfile(profile, needed); p.ok()) {
+          fewer_graph = pt::GraphFromProfile(*p);
+        } else {
+          fewer_graph = p.status();
+        }
+        if (fewer_graph.ok()) fewer_plan = PlanWith(*fewer_graph, *cluster, options);
+        if (fewer_plan.ok() &&
+            fewer_plan->samples_per_second >= 0.999 * plan->samples_per_second) {
+          plan = std::move(fewer_plan);
+          graph = std::move(fewer_graph);
+          splits = std::move(needed);
+        }
       }
     }
   }

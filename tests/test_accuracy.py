@@ -34,9 +34,11 @@ class AccuracyTest(unittest.TestCase):
                      "--epochs=3"],
                     cwd=ROOT, env=dict(ENV, APAPO_DEMO_RESULT=result),
                     stdout=out, stderr=subprocess.STDOUT, timeout=2400).returncode
-            text = open(log).read()
+            with open(log) as f:
+                text = f.read()
             self.assertEqual(rc, 0, text[-3000:])
-            r = json.load(open(result))
+            with open(result) as f:
+                r = json.load(f)
         print(f"\nmain command, mlp, 3 epochs: APapo {100 * r['apapo_accuracy']:.2f}% at "
               f"{r['apapo_samples_per_s']:.0f} samples/s; single process "
               f"{100 * r['single_accuracy']:.2f}% at {r['single_samples_per_s']:.0f} samples/s",
@@ -57,7 +59,8 @@ class AccuracyTest(unittest.TestCase):
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, timeout=2400)
             self.assertEqual(p.returncode, 0, p.stdout[-3000:])
-            s = json.load(open(summary))
+            with open(summary) as f:
+                s = json.load(f)
         print(f"\ncnn, async, 2 stages, 3 epochs: {100 * s['final_test_accuracy']:.2f}% at "
               f"{s['samples_per_s']:.0f} samples/s, max staleness {s.get('max_staleness')}",
               flush=True)

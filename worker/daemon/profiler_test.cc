@@ -59,12 +59,18 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
                 ::testing::ElementsAreArray(by_id[n.id()]->inputs()))
         << n.id();
     EXPECT_GT(n.forward_seconds(), 0) << n.id();
-    if (n.id() != "input") {
+    if (n.id() != "input" && n.id() != "flatten") {
       EXPECT_GT(n.backward_seconds(), 0) << n.id();
     }
     EXPECT_FALSE(n.description().empty());
   }
   EXPECT_EQ(measured["input"]->backward_seconds(), 0);
+  // In training nothing upstream of fc1 needs a gradient (the data has
+  // none), so flatten runs no backward, as in the runtime.
+  EXPECT_EQ(measured["flatten"]->backward_seconds(), 0);
+  // Linear layers may be split column-wise by the planner.
+  EXPECT_EQ(measured["fc1"]->split_width(), 64);
+  EXPECT_EQ(measured["flatten"]->split_width(), 0);
   // Linear(784 -> 64) and Linear(64 -> 10), float32.
   EXPECT_EQ(measured["fc1"]->parameter_bytes(), (784 * 64 + 64) * 4);
   EXPECT_EQ(measured["fc2"]->parameter_bytes(), (64 * 10 + 10) * 4);
