@@ -7,11 +7,13 @@
 namespace apapo::coordinator {
 namespace {
 
-// A 4-layer chain whose two halves weigh the same, with small activations:
-// two workers should run it as a 2-stage pipeline.
-apapo::v1::ModelProfile ChainProfile() {
+// A 4-layer chain of 2048-wide layers with small activations; `first_backward`
+// is fc0's backward time (the others take 0.02 s), `split_width` marks the
+// layers splittable.
+apapo::v1::ModelProfile Chain(const std::string& model, double first_backward,
+                              int64_t split_width) {
   apapo::v1::ModelProfile p;
-  p.set_model("chain");
+  p.set_model(model);
   p.set_batch_size(128);
   std::string prev;
   for (int i = 0; i < 4; ++i) {
@@ -19,13 +21,18 @@ apapo::v1::ModelProfile ChainProfile() {
     n->set_id("fc" + std::to_string(i));
     if (!prev.empty()) n->add_inputs(prev);
     n->set_forward_seconds(0.01);
-    n->set_backward_seconds(0.02);
+    n->set_backward_seconds(i == 0 ? first_backward : 0.02);
     n->set_activation_bytes(128 * 2048 * 4);
     n->set_parameter_bytes(2048LL * 2048 * 4);
+    n->set_split_width(split_width);
     prev = n->id();
   }
   return p;
 }
+
+// Two halves that weigh the same: two workers should run it as a 2-stage
+// pipeline.
+apapo::v1::ModelProfile ChainProfile() { return Chain("chain", 0.02, 0); }
 
 apapo::v1::ClusterSpec TwoWorkers(double bandwidth) {
   apapo::v1::ClusterSpec c;
@@ -66,24 +73,7 @@ TEST(PartitionerPlannerTest, PipelinesAChainOnTwoWorkersNamedByRegistryIds) {
 // The benchmark mlp's shape: fc0 costs 1, fc1-fc3 cost 3 each (a Linear's
 // backward without an input gradient is cheaper), all splittable. Whole-layer
 // cuts leave 4 | 6; splitting gives ~5 | 5.
-apapo::v1::ModelProfile UnbalancedMlpProfile() {
-  apapo::v1::ModelProfile p;
-  p.set_model("mlp");
-  p.set_batch_size(128);
-  std::string prev;
-  for (int i = 0; i < 4; ++i) {
-    auto* n = p.add_nodes();
-    n->set_id("fc" + std::to_string(i));
-    if (!prev.empty()) n->add_inputs(prev);
-    n->set_forward_seconds(i == 0 ? 0.01 : 0.01);
-    n->set_backward_seconds(i == 0 ? 0.0 : 0.02);
-    n->set_activation_bytes(128 * 2048 * 4);
-    n->set_parameter_bytes(2048LL * 2048 * 4);
-    n->set_split_width(2048);
-    prev = n->id();
-  }
-  return p;
-}
+apapo::v1::ModelProfile UnbalancedMlpProfile() { return Chain("mlp", 0.0, 2048); }
 
 TEST(PartitionerPlannerTest, SplitsWideLayersWhenThatBalancesStages) {
   PartitionerPlanner planner;

@@ -67,6 +67,25 @@ double Optimizer::LearningRate(int64_t step) const {
   }
 }
 
+namespace {
+
+// Adam's betas, epsilon (torch.optim's defaults when unset) and the bias
+// corrections after `steps` updates.
+struct AdamConstants {
+  double b1, b2, eps, bc1, bc2;
+};
+AdamConstants AdamConstantsAt(const apapo::v1::AdamOptimizer& a, int64_t steps) {
+  AdamConstants c;
+  c.b1 = a.has_beta1() ? a.beta1() : 0.9;
+  c.b2 = a.has_beta2() ? a.beta2() : 0.999;
+  c.eps = a.has_epsilon() ? a.epsilon() : 1e-8;
+  c.bc1 = 1.0 - std::pow(c.b1, static_cast<double>(steps));
+  c.bc2 = 1.0 - std::pow(c.b2, static_cast<double>(steps));
+  return c;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
                                         std::vector<at::Tensor>& grads,
                                         int64_t step,
@@ -103,12 +122,7 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
   next.reserve(params.size());
   if (adam_) {
     ++adam_steps_;
-    const auto& a = spec_.adam();
-    const double b1 = a.has_beta1() ? a.beta1() : 0.9;
-    const double b2 = a.has_beta2() ? a.beta2() : 0.999;
-    const double eps = a.has_epsilon() ? a.epsilon() : 1e-8;
-    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
-    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
+    const auto [b1, b2, eps, bc1, bc2] = AdamConstantsAt(spec_.adam(), adam_steps_);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor g = grads[i];
       if (wd != 0) g = g.add(params[i], wd);
@@ -164,13 +178,8 @@ std::vector<at::Tensor> Optimizer::Predict(const std::vector<at::Tensor>& params
     at::Tensor dir;
     if (i < slot1_.size() && slot1_[i].defined()) {
       if (adam_ && i < slot2_.size() && slot2_[i].defined() && adam_steps_ > 0) {
-        const auto& a = spec_.adam();
-        const double b1 = a.has_beta1() ? a.beta1() : 0.9;
-        const double b2 = a.has_beta2() ? a.beta2() : 0.999;
-        const double eps = a.has_epsilon() ? a.epsilon() : 1e-8;
-        const double bc1 = 1.0 - std::pow(b1, static_cast<double>(adam_steps_));
-        const double bc2 = 1.0 - std::pow(b2, static_cast<double>(adam_steps_));
-        dir = (slot1_[i] / bc1) / ((slot2_[i] / bc2).sqrt_().add_(eps));
+        const AdamConstants c = AdamConstantsAt(spec_.adam(), adam_steps_);
+        dir = (slot1_[i] / c.bc1) / ((slot2_[i] / c.bc2).sqrt_().add_(c.eps));
       } else if (!adam_) {
         dir = slot1_[i];
       }
