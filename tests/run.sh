@@ -16,6 +16,22 @@ PY=/usr/bin/python3
 # shared cores in every test process.
 export OPENBLAS_NUM_THREADS=1
 
+extra=()
+# The CUDA/NCCL path must keep compiling even where no GPU runs it (its test
+# runs on a GPU machine: see worker/nccl_transport_test.cc). Built first, so
+# the CPU build below leaves the CPU variant of the test in bazel-bin.
+if [ -f /usr/local/cuda/include/nccl.h ]; then
+  echo "== bazel build --config=cuda //worker:nccl_transport_test (compile check)"
+  if bazel build --config=cuda //worker:nccl_transport_test 2>&1 | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools' | tail -n 20; then
+    echo '{"passed": 1, "failed": 0}' > "$OUT/cuda.json"
+  else
+    echo '{"passed": 0, "failed": 1}' > "$OUT/cuda.json"
+  fi
+  extra+=("$OUT/cuda.json")
+else
+  echo "== no /usr/local/cuda: the CUDA compile check is skipped"
+fi
+
 echo "== bazel build //..."
 if ! bazel build //... 2>&1 | tail -n 30; then :; fi
 
@@ -25,7 +41,7 @@ bazel test //... --test_summary=short --test_output=errors 2>&1 | tee "$OUT/baze
 echo "== tests/ (multi-process, Python clients)"
 $PY tests/lib/run_python_tests.py "$OUT/python.json"
 
-extra=("$OUT/python.json")
+extra+=("$OUT/python.json")
 if [ -x partitioner/fuzz.sh ]; then
   echo "== fuzzing the profile parser (bounded)"
   if bash partitioner/fuzz.sh "${FUZZ_SECONDS:-30}"; then

@@ -49,8 +49,19 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
       !s.ok()) {
     return s;
   }
-  if (auto s = t->Check(ncclCommInitRank(&t->comm_, world_size, id, rank),
-                        "joining the NCCL communicator");
+  // Non-blocking, so that a peer that never joins costs the timeout, not a
+  // hang: ncclCommInitRankConfig returns at once and Settle polls.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const std::string joining = absl::StrCat(
+      "joining the NCCL communicator as rank ", rank, " of ", world_size);
+  if (auto s = t->Check(
+          ncclCommInitRankConfig(&t->comm_, world_size, id, rank, &config),
+          joining);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = t->Settle(absl::StrCat(joining, " (a peer did not join)"));
       !s.ok()) {
     return s;
   }
@@ -99,10 +110,19 @@ absl::StatusOr<uint64_t> NcclTransport::Record(cudaStream_t stream, int peer,
       !s.ok()) {
     return s;
   }
-  if (auto s = Check(cudaEventRecord(p.event, stream), "recording an event");
-      !s.ok()) {
-    cudaEventDestroy(p.event);
-    return s;
+  p.stream = stream;
+  if (group_depth_ == 0) {
+    // Outside a group the call has launched its work once NCCL settles.
+    if (auto s = Settle(p.what); !s.ok()) {
+      cudaEventDestroy(p.event);
+      return s;
+    }
+    if (auto s = Check(cudaEventRecord(p.event, stream), "recording an event");
+        !s.ok()) {
+      cudaEventDestroy(p.event);
+      return s;
+    }
+    p.recorded = true;
   }
   const uint64_t ticket = next_ticket_++;
   pending_[ticket] = std::move(p);
@@ -147,20 +167,67 @@ absl::Status NcclTransport::WaitEvent(cudaEvent_t event,
     if (async != ncclSuccess && async != ncclInProgress) {
       return Check(async, what);
     }
-    if (absl::Now() >= deadline) {
-      // Abort unblocks every operation still queued on the communicator.
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      if (failure_.ok()) {
-        failure_ = absl::DeadlineExceededError(
-            absl::StrCat(label_, ": ", what, " did not complete within ",
-                         absl::FormatDuration(timeout_)));
-      }
-      return failure_;
-    }
+    if (absl::Now() >= deadline) return Expire(what);
     // NCCL offers no blocking wait with a timeout; poll the event cheaply.
     std::this_thread::yield();
   }
+}
+
+absl::Status NcclTransport::Expire(const std::string& what) {
+  // Abort unblocks every operation still queued on the communicator.
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  if (failure_.ok()) {
+    failure_ = absl::DeadlineExceededError(
+        absl::StrCat(label_, ": ", what, " did not complete within ",
+                     absl::FormatDuration(timeout_)));
+  }
+  return failure_;
+}
+
+absl::Status NcclTransport::Settle(const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout_;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return Check(r, what);
+    if (state != ncclInProgress) return Check(state, what);
+    if (absl::Now() >= deadline) return Expire(what);
+    std::this_thread::yield();
+  }
+}
+
+absl::Status NcclTransport::GroupStart() {
+  if (!failure_.ok()) return failure_;
+  if (auto s = Check(ncclGroupStart(), "starting a transfer group"); !s.ok()) {
+    return s;
+  }
+  ++group_depth_;
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::GroupEnd() {
+  if (!failure_.ok()) return failure_;
+  if (group_depth_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(label_, ": GroupEnd without GroupStart"));
+  }
+  --group_depth_;
+  if (auto s = Check(ncclGroupEnd(), "launching a transfer group"); !s.ok()) {
+    return s;
+  }
+  if (group_depth_ > 0) return absl::OkStatus();
+  if (auto s = Settle("launching a transfer group"); !s.ok()) return s;
+  // The group's work is on its streams now: record the deferred events.
+  for (auto& [ticket, p] : pending_) {
+    if (p.recorded) continue;
+    if (auto s = Check(cudaEventRecord(p.event, p.stream), "recording an event");
+        !s.ok()) {
+      return s;
+    }
+    p.recorded = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransport::Wait(uint64_t ticket) {
@@ -169,6 +236,11 @@ absl::Status NcclTransport::Wait(uint64_t ticket) {
   if (it == pending_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat(label_, ": unknown transfer ticket ", ticket));
+  }
+  if (!it->second.recorded) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        label_, ": ", it->second.what,
+        " is in a group still open: call GroupEnd before Wait"));
   }
   Pending p = std::move(it->second);
   pending_.erase(it);
@@ -179,6 +251,10 @@ absl::Status NcclTransport::Wait(uint64_t ticket) {
 
 absl::Status NcclTransport::AllReduceSum(float* device_ptr, size_t count) {
   if (!failure_.ok()) return failure_;
+  if (group_depth_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        label_, ": AllReduceSum waits for its result: call it outside a group"));
+  }
   if (auto s = Check(ncclAllReduce(device_ptr, device_ptr, count, ncclFloat,
                                    ncclSum, comm_, send_stream_),
                      "gradient all-reduce");

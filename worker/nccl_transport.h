@@ -7,7 +7,16 @@
 // stream, so transfers proceed while kernels run; each Post* records a CUDA
 // event and returns a ticket. Wait() blocks on a ticket.
 //
-// Failure model: Wait() is bounded by the timeout. It polls the event and
+// Grouping: transfers that must progress together (a send and a receive
+// between the same two ranks, a self-send) go between GroupStart() and
+// GroupEnd(). NCCL launches a group's work only at ncclGroupEnd, so their
+// tickets' events are recorded then, not at Post* time (an event recorded
+// earlier would complete before the transfer started).
+//
+// Failure model: the communicator is non-blocking (ncclConfig_t.blocking =
+// 0), so joining it and every call are bounded by the timeout too: Create
+// returns DEADLINE_EXCEEDED naming the rank when a peer never joins, instead
+// of hanging in ncclCommInitRank. Wait() polls the event and
 // ncclCommGetAsyncError; on a NCCL error (a peer died) it returns
 // UNAVAILABLE, on expiry it aborts the communicator (ncclCommAbort, which
 // unblocks every pending operation) and returns DEADLINE_EXCEEDED; both name
@@ -16,7 +25,8 @@
 // Thread-safety: not thread-safe; one compute thread per transport (NCCL
 // requires ordered group calls per communicator). Call order:
 // NewUniqueId (rank 0, shared out of band, e.g. through the TCPStore) ->
-// Create on every rank -> Post*/Wait/AllReduceSum -> destroy.
+// Create on every rank -> [GroupStart] Post* [GroupEnd] / Wait /
+// AllReduceSum -> destroy.
 
 #ifndef APAPO_WORKER_NCCL_TRANSPORT_H_
 #define APAPO_WORKER_NCCL_TRANSPORT_H_
@@ -52,6 +62,11 @@ class NcclTransport {
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
+  // Opens / closes a group of transfers launched together (see Grouping).
+  // Groups nest; the outermost GroupEnd launches them.
+  absl::Status GroupStart();
+  absl::Status GroupEnd();
+
   // Enqueues a transfer of `bytes` of device memory; returns a ticket.
   absl::StatusOr<uint64_t> PostSend(const void* device_ptr, size_t bytes,
                                     int peer);
@@ -71,9 +86,16 @@ class NcclTransport {
   absl::StatusOr<uint64_t> Record(cudaStream_t stream, int peer,
                                   const char* what);
   absl::Status WaitEvent(cudaEvent_t event, const std::string& what);
+  // Waits (bounded by the timeout) until the non-blocking communicator has
+  // finished the last call (ncclCommGetAsyncError leaves ncclInProgress).
+  absl::Status Settle(const std::string& what);
+  // Aborts the communicator and records DEADLINE_EXCEEDED for `what`.
+  absl::Status Expire(const std::string& what);
 
   struct Pending {
     cudaEvent_t event = nullptr;
+    cudaStream_t stream = nullptr;
+    bool recorded = false;
     int peer = 0;
     std::string what;
   };
@@ -86,6 +108,7 @@ class NcclTransport {
   cudaStream_t send_stream_ = nullptr;
   cudaStream_t recv_stream_ = nullptr;
   uint64_t next_ticket_ = 1;
+  int group_depth_ = 0;
   std::map<uint64_t, Pending> pending_;
   absl::Status failure_;
 };
