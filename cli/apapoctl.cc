@@ -189,6 +189,21 @@ std::string FormatProgress(const Job& job) {
   if (p.has_eta() && !Ended(job.state())) {
     absl::StrAppend(&line, " ETA ", FormatDuration(p.eta().seconds()));
   }
+  // Every stage streams its counters: the share of its time spent computing
+  // (busy / (busy + idle)), in stage order, shows an unbalanced pipeline.
+  std::vector<std::pair<int, double>> busy;
+  for (const auto& s : p.stages()) {
+    const double total = s.busy_seconds() + s.idle_seconds();
+    if (total > 0) busy.emplace_back(s.stage(), s.busy_seconds() / total);
+  }
+  if (busy.size() > 1) {
+    std::stable_sort(busy.begin(), busy.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    absl::StrAppend(&line, " busy");
+    for (const auto& [stage, share] : busy) {
+      absl::StrAppend(&line, absl::StrFormat(" s%d %.0f%%", stage, 100 * share));
+    }
+  }
   return line;
 }
 

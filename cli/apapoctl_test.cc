@@ -18,6 +18,7 @@
 namespace apapo::cli {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
@@ -149,6 +150,16 @@ TEST(FormatTest, ProgressBar) {
   EXPECT_EQ(FormatProgress(job),
             "[############------------]  50% running    epoch 2/3 step 50/100 "
             "1234 samples/s loss 0.5000 acc 88.12% ETA 2m05s");
+  // With the stages' counters: each stage's busy share, in stage order.
+  auto* s1 = p->add_stages();
+  s1->set_stage(1);
+  s1->set_busy_seconds(9);
+  s1->set_idle_seconds(1);
+  auto* s0 = p->add_stages();
+  s0->set_stage(0);
+  s0->set_busy_seconds(3);
+  s0->set_idle_seconds(1);
+  EXPECT_THAT(FormatProgress(job), EndsWith("ETA 2m05s busy s0 75% s1 90%"));
 }
 
 TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {

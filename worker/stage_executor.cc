@@ -95,7 +95,20 @@ struct StageExecutor::Impl {
   std::map<int64_t, Stash> stash;
 
   StageReport report;
+  absl::Time phase_start;  // of the training phase running now
   std::vector<BackwardRecord> records;
+
+  // `report` with the transport's counters (thread-safe to read mid-run).
+  StageReport Snapshot() const {
+    StageReport r = report;
+    if (transport != nullptr) {
+      const TransportStats t = transport->Stats();
+      r.bytes_sent = t.bytes_sent;
+      r.bytes_received = t.bytes_received;
+      r.comm_total_seconds = t.send_seconds + t.allreduce_seconds;
+    }
+    return r;
+  }
   std::deque<double> recent_losses;
   double epoch_loss_sum = 0;
   int64_t epoch_loss_count = 0;
@@ -422,6 +435,7 @@ struct StageExecutor::Impl {
     }
     const int64_t version_base = newest;
     const absl::Time start = absl::Now();
+    phase_start = start;
     Op op;
     while (program->Next(&op)) {
       absl::Status st;
@@ -451,6 +465,12 @@ struct StageExecutor::Impl {
 
   void MaybeReportProgress(int64_t epoch) {
     progress_samples += config.batch_size;
+    if (config.on_stage_report && config.progress_every > 0 &&
+        global_step % config.progress_every == 0) {
+      StageReport now = Snapshot();
+      now.train_seconds += absl::ToDoubleSeconds(absl::Now() - phase_start);
+      config.on_stage_report(now);
+    }
     if (!layout->is_last || config.replica != 0 || !config.on_progress) return;
     if (config.progress_every <= 0 || global_step % config.progress_every != 0) {
       return;
@@ -881,16 +901,7 @@ const std::vector<BackwardRecord>& StageExecutor::backward_records() const {
   return impl_->records;
 }
 
-StageReport StageExecutor::Report() const {
-  StageReport r = impl_->report;
-  if (impl_->transport != nullptr) {
-    const TransportStats t = impl_->transport->Stats();
-    r.bytes_sent = t.bytes_sent;
-    r.bytes_received = t.bytes_received;
-    r.comm_total_seconds = t.send_seconds + t.allreduce_seconds;
-  }
-  return r;
-}
+StageReport StageExecutor::Report() const { return impl_->Snapshot(); }
 
 void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* c) {
   c->batch_size = spec.data().batch_size();

@@ -49,6 +49,31 @@
 namespace apapo {
 namespace worker {
 
+// Counters of one stage replica after Run() (and, while it
+// runs, in ExecutorConfig::on_stage_report).
+struct StageReport {
+  int stage = 0;
+  int replica = 0;
+  int rank = 0;
+  double busy_seconds = 0;
+  double idle_seconds = 0;          // blocked receiving inputs/gradients
+  double comm_exposed_seconds = 0;  // blocked on send drains and all-reduce
+  double comm_total_seconds = 0;    // transfer time on comm threads
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t forward_micro_batches = 0;
+  int64_t backward_micro_batches = 0;
+  int64_t max_staleness = 0;
+  int max_weight_versions = 0;
+  int64_t steps = 0;
+  double train_seconds = 0;  // wall time of the training phases
+  int64_t samples = 0;       // training samples this replica processed
+  // Last stage only.
+  double final_loss = 0;  // mean over the last epoch's micro-batches
+  double test_accuracy = -1;
+  int64_t num_params = 0;
+};
+
 // Progress the last stage reports while training.
 struct TrainingProgress {
   int64_t step = 0;         // optimizer steps done
@@ -80,6 +105,11 @@ struct ExecutorConfig {
   // Called on the last stage's replica 0 every `progress_every` steps and
   // after each evaluation.
   std::function<void(const TrainingProgress&)> on_progress;
+  // Called on every stage replica every `progress_every` steps (before
+  // on_progress) with its counters so far: busy/idle/comm seconds, bytes,
+  // staleness, train_seconds up to now. Lets every stage stream its state
+  // while training, not only at the end.
+  std::function<void(const StageReport&)> on_stage_report;
   int64_t progress_every = 50;
   // Async only: forward and backward run on weights predicted `delay`
   // updates ahead (see ScheduleSpec.weight_prediction in job.proto).
@@ -107,29 +137,6 @@ struct BackwardRecord {
   std::vector<at::Tensor> param_grads;   // gradients it produced
 };
 
-// Counters of one stage replica after Run().
-struct StageReport {
-  int stage = 0;
-  int replica = 0;
-  int rank = 0;
-  double busy_seconds = 0;
-  double idle_seconds = 0;          // blocked receiving inputs/gradients
-  double comm_exposed_seconds = 0;  // blocked on send drains and all-reduce
-  double comm_total_seconds = 0;    // transfer time on comm threads
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t forward_micro_batches = 0;
-  int64_t backward_micro_batches = 0;
-  int64_t max_staleness = 0;
-  int max_weight_versions = 0;
-  int64_t steps = 0;
-  double train_seconds = 0;  // wall time of the training phases
-  int64_t samples = 0;       // training samples this replica processed
-  // Last stage only.
-  double final_loss = 0;  // mean over the last epoch's micro-batches
-  double test_accuracy = -1;
-  int64_t num_params = 0;
-};
 
 // Copies a replica's counters into the StageMetrics a MetricsReport carries
 // (everything but step_seconds, whose source differs by caller).

@@ -106,14 +106,40 @@ absl::StatusOr<StagePlan> PlanFromAssignment(const AssignStage& a) {
 // updates, not counting intervals that span an evaluation).
 class ProgressReporter {
  public:
+  // `trains_progress`: this replica is the one the executor calls
+  // on_progress on (the last stage's replica 0); the others report their
+  // stage counters alone (OnStageReport).
   ProgressReporter(const AssignStage& a, int64_t batch_size,
+                   bool trains_progress,
                    std::function<void(const MetricsReport&)> report)
       : job_id_(a.job_id()),
         stage_(a.stage()),
         rank_(a.rendezvous().rank()),
         batch_size_(batch_size),
+        trains_progress_(trains_progress),
         report_(std::move(report)),
         last_time_(absl::Now()) {}
+
+  // The executor's counters so far (every step, before OnProgress). Kept for
+  // the next progress report; a stage without progress reports sends them on
+  // their own, at most every kStageReportInterval.
+  void OnStageReport(const StageReport& r) {
+    counters_ = r;
+    if (trains_progress_ || !report_) return;
+    const absl::Time now = absl::Now();
+    if (sent_ > 0 && now - last_time_ < kStageReportInterval) return;
+    MetricsReport m;
+    m.set_job_id(job_id_);
+    *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+    m.set_step(r.steps);
+    m.set_samples(r.samples);
+    m.set_samples_per_second(r.train_seconds > 0 ? r.samples / r.train_seconds
+                                                 : 0);
+    FillStageMetrics(r, stage_, rank_, m.mutable_stage());
+    last_time_ = now;
+    ++sent_;
+    report_(m);
+  }
 
   void OnProgress(const TrainingProgress& p) {
     const absl::Time now = absl::Now();
@@ -156,8 +182,12 @@ class ProgressReporter {
     m.set_samples(p.step * batch_size_);
     m.set_has_loss(true);
     m.set_loss(p.loss);
-    m.mutable_stage()->set_stage(stage_);
-    m.mutable_stage()->set_rank(rank_);
+    if (counters_.has_value()) {
+      FillStageMetrics(*counters_, stage_, rank_, m.mutable_stage());
+    } else {
+      m.mutable_stage()->set_stage(stage_);
+      m.mutable_stage()->set_rank(rank_);
+    }
     return m;
   }
 
@@ -176,7 +206,9 @@ class ProgressReporter {
   const int stage_;
   const int rank_;
   const int64_t batch_size_;
+  const bool trains_progress_;
   const std::function<void(const MetricsReport&)> report_;
+  std::optional<StageReport> counters_;
   TrainingProgress last_;
   absl::Time last_time_;
   int64_t last_step_ = 0;
@@ -267,7 +299,10 @@ absl::Status RunAssignmentOrThrow(
   }
 
   const int64_t batch_size = spec.data().batch_size();
-  ProgressReporter progress(a, batch_size, std::move(report));
+  ProgressReporter progress(
+      a, batch_size,
+      a.stage() == sched.num_stages - 1 && a.replica() == 0,
+      std::move(report));
   ExecutorConfig c;
   c.graph = &*graph;
   c.layouts = *layouts;
@@ -279,6 +314,9 @@ absl::Status RunAssignmentOrThrow(
   c.progress_every = 1;
   c.on_progress = [&progress](const TrainingProgress& p) {
     progress.OnProgress(p);
+  };
+  c.on_stage_report = [&progress](const StageReport& r) {
+    progress.OnStageReport(r);
   };
   auto exec = StageExecutor::Create(c, transport.get(), data->train.get(),
                                     data->test.get());

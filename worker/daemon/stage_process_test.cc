@@ -62,10 +62,31 @@ TEST(RunAssignmentTest, TwoStagesTrainOverARealStore) {
   EXPECT_FALSE(final_metrics[0].has_loss());
   EXPECT_EQ(final_metrics[1].total_steps(), 32);
 
-  // Only the last stage has progress while training: the first step, and
-  // one after each of the two evaluations at least.
-  EXPECT_TRUE(reports[0].empty());
+  // Stage 0 streams its counters while training (no loss: that is the last
+  // stage's), at least from its first step; they only grow.
+  ASSERT_GE(reports[0].size(), 1u);
+  for (size_t i = 0; i < reports[0].size(); ++i) {
+    const auto& r = reports[0][i];
+    EXPECT_EQ(r.job_id(), "job-1");
+    EXPECT_EQ(r.stage().stage(), 0);
+    EXPECT_FALSE(r.has_loss());
+    EXPECT_GE(r.step(), 1);
+    EXPECT_LE(r.step(), 32);
+    EXPECT_GT(r.stage().busy_seconds(), 0);
+    EXPECT_GT(r.stage().bytes_sent(), 0);
+    EXPECT_GT(r.stage().forward_micro_batches(), 0);
+    if (i > 0) {
+      EXPECT_GE(r.step(), reports[0][i - 1].step());
+      EXPECT_GE(r.stage().busy_seconds(), reports[0][i - 1].stage().busy_seconds());
+    }
+  }
+  EXPECT_LE(reports[0].back().stage().busy_seconds(),
+            final_metrics[0].stage().busy_seconds());
+  // The last stage's progress: the first step, and one after each of the
+  // two evaluations at least, with its own counters.
   ASSERT_GE(reports[1].size(), 3u);
+  EXPECT_GT(reports[1].back().stage().busy_seconds(), 0);
+  EXPECT_GT(reports[1].back().stage().backward_micro_batches(), 0);
   const auto& first = reports[1].front();
   EXPECT_EQ(first.job_id(), "job-1");
   EXPECT_GE(first.step(), 1);
