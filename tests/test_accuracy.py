@@ -4,9 +4,8 @@ tests of the suite, ~15-20 minutes on 2 cores):
 - the README's main command (`deploy/demo.sh`, coordinator + two worker
   daemons, the planner's choice for the mlp) with --epochs=3: the job
   succeeds, the planner ran it as an async pipeline on 2 stages, and its
-  test accuracy is within 1 point of single-process training of the same
-  model and settings (which the demo also runs; the runtime issue asks for
-  0.5, which single runs here met once and missed once);
+  test accuracy is within 0.5 point of single-process training of the same
+  model and settings (which the demo also runs), as the runtime issue asks;
 - the `cnn` with the async schedule on 2 stages (local launcher) reaches
   >= 89% test accuracy in 3 epochs.
 
@@ -47,10 +46,10 @@ class AccuracyTest(unittest.TestCase):
         # The planner's choice for this model: an async pipeline of 2 stages.
         self.assertRegex(r["plan"], r"2 stage\(s\) on 2 worker\(s\), schedule async",
                          r["plan"])
-        # The runtime issue asks for 0.5 point; measured gaps of single 3-epoch
-        # runs were 0.22 (--local=2) and 0.75 (this command), so the test holds
-        # the line at 1 point and the figures above say where a run landed.
-        self.assertGreaterEqual(r["apapo_accuracy"], r["single_accuracy"] - 0.01,
+        # The runtime issue's bound. Measured with the example's settings
+        # (--local=2, seeds 1-3): -0.21, -0.12, 0.00 point with weight
+        # prediction (the async default); -0.43 and -0.54 without it.
+        self.assertGreaterEqual(r["apapo_accuracy"], r["single_accuracy"] - 0.005,
                                 f"async {r['apapo_accuracy']} vs single {r['single_accuracy']}")
 
     def test_cnn_async_two_stages_reaches_89_percent(self):

@@ -30,6 +30,14 @@ namespace apapo {
 namespace worker {
 namespace {
 
+// ", weight prediction" when an async run of `spec` predicts weights.
+std::string PredictionNote(const apapo::v1::JobSpec& spec,
+                           schedule::ScheduleKind kind) {
+  return kind == schedule::ScheduleKind::kAsync && WeightPredictionRequested(spec)
+             ? ", weight prediction"
+             : "";
+}
+
 std::string Json(double v) {
   if (!std::isfinite(v)) return "null";
   return absl::StrFormat("%.6g", v);
@@ -166,7 +174,8 @@ absl::StatusOr<LocalPlan> PlanWithPartitioner(const apapo::v1::JobSpec& spec,
       " stage(s), m=", plan.schedule.micro_batches_per_iteration, ": ",
       absl::StrJoin(parts, " | "),
       split_names.empty() ? ""
-                          : absl::StrCat(", split ", absl::StrJoin(split_names, " ")));
+                          : absl::StrCat(", split ", absl::StrJoin(split_names, " ")),
+      PredictionNote(spec, plan.schedule.kind));
   return plan;
 }
 
@@ -236,7 +245,7 @@ absl::StatusOr<LocalPlan> PlanLocalJob(const apapo::v1::JobSpec& spec,
           : "",
       ", ", stages, " stage(s) x ", replicas, " replica(s), m=",
       plan.schedule.micro_batches_per_iteration, ": ",
-      absl::StrJoin(parts, " | "));
+      absl::StrJoin(parts, " | "), PredictionNote(spec, plan.schedule.kind));
   return plan;
 }
 

@@ -67,7 +67,8 @@ std::map<std::string, at::Tensor> TrainSingleProcess(
 // Runs a pipeline with one thread per stage replica.
 PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
-                           bool record, apapo::v1::CheckpointSpec checkpoint) {
+                           bool record, apapo::v1::CheckpointSpec checkpoint,
+                           bool weight_prediction) {
   auto split = BalancedSplit(*f.graph, sched.num_stages);
   EXPECT_TRUE(split.ok());
   auto layouts = LayoutStages(*f.graph, *split);
@@ -117,6 +118,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
         c.eval_every_epochs = 0;
         c.record_backwards = record;
         c.checkpoint = checkpoint;
+        c.weight_prediction = weight_prediction;
         auto exec = StageExecutor::Create(c, transport->get(),
                                           f.split.train.get(),
                                           f.split.test.get());

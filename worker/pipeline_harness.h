@@ -60,7 +60,8 @@ struct PipelineResult {
 PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
                            bool record = false,
-                           apapo::v1::CheckpointSpec checkpoint = {});
+                           apapo::v1::CheckpointSpec checkpoint = {},
+                           bool weight_prediction = false);
 
 }  // namespace pipeline_test
 }  // namespace worker

@@ -917,7 +917,12 @@ void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* c) {
                            ? spec.data().eval_batch_size()
                            : std::max(spec.data().batch_size(), 500);
   c->checkpoint = spec.checkpoint();
-  c->weight_prediction = spec.schedule().weight_prediction();
+  c->weight_prediction = WeightPredictionRequested(spec);
+}
+
+bool WeightPredictionRequested(const apapo::v1::JobSpec& spec) {
+  return !spec.schedule().has_weight_prediction() ||
+         spec.schedule().weight_prediction();
 }
 
 void FillStageMetrics(const StageReport& r, int stage, int rank,

@@ -125,6 +125,10 @@ struct ExecutorConfig {
 // max_steps"), evaluation cadence and batch, checkpointing.
 void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* config);
 
+// Whether an async run of `spec` predicts weights (ScheduleSpec.
+// weight_prediction; unset: yes). Other schedules never do.
+bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
+
 // One backward pass, recorded when ExecutorConfig::record_backwards is set.
 struct BackwardRecord {
   int64_t micro_batch = 0;  // global within the run

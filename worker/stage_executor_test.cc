@@ -245,6 +245,52 @@ TEST(WeightStashingTest, BackwardUsesItsForwardsWeightVersion) {
   EXPECT_GE(stale, 3);  // backwards after the first update are stale
 }
 
+// Weight prediction: under async, stage 0's gradients land one update late,
+// so it runs forward and backward on W - lr x momentum, one update ahead;
+// the last stage (no delay) runs on W itself. The first update is the same
+// with and without prediction (no direction before it), so with plain SGD
+// momentum (buffer = first gradient) stage 0's version 1 must run on
+// W1 - lr x g0 = 2 W1 - W0, where W0 and W1 are what the run without
+// prediction recorded.
+TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
+  Fixture f = MakeFixture();
+  schedule::ScheduleOptions sched;
+  sched.kind = ScheduleKind::kAsync;
+  sched.num_stages = 2;
+  sched.micro_batches_per_iteration = 1;
+  apapo::v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_momentum(0.9);
+  spec.set_learning_rate(0.1);
+  PipelineResult plain = RunPipeline(f, sched, spec, 4, /*record=*/true);
+  PipelineResult predicted =
+      RunPipeline(f, sched, spec, 4, /*record=*/true, {}, /*weight_prediction=*/true);
+  for (const auto& s : plain.statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const auto& s : predicted.statuses) ASSERT_TRUE(s.ok()) << s;
+  auto by_version = [](const std::vector<BackwardRecord>& records) {
+    std::map<int64_t, std::vector<at::Tensor>> out;
+    for (const auto& r : records) out.emplace(r.forward_version, r.params);
+    return out;
+  };
+  auto plain0 = by_version(plain.records[0]);
+  auto pred0 = by_version(predicted.records[0]);
+  auto plain1 = by_version(plain.records[1]);
+  auto pred1 = by_version(predicted.records[1]);
+  ASSERT_TRUE(plain0.count(0) && plain0.count(1) && pred0.count(0) && pred0.count(1));
+  ASSERT_TRUE(plain1.count(0) && plain1.count(1) && pred1.count(0) && pred1.count(1));
+  for (size_t i = 0; i < plain0[0].size(); ++i) {
+    const at::Tensor w0 = plain0[0][i], w1 = plain0[1][i];
+    EXPECT_TRUE(torch::equal(pred0[0][i], w0)) << "stage 0, version 0, param " << i;
+    EXPECT_FALSE(torch::allclose(w1, w0)) << "the first update moved nothing";
+    EXPECT_TRUE(torch::allclose(pred0[1][i], 2 * w1 - w0, 1e-5, 1e-6))
+        << "stage 0, version 1, param " << i;
+  }
+  for (size_t i = 0; i < plain1[1].size(); ++i) {
+    EXPECT_TRUE(torch::equal(pred1[0][i], plain1[0][i])) << "stage 1, param " << i;
+    EXPECT_TRUE(torch::allclose(pred1[1][i], plain1[1][i], 1e-6, 1e-7))
+        << "stage 1, version 1, param " << i;
+  }
+}
+
 // A synchronous run stopped after a checkpoint and resumed ends bit-for-bit
 // where an uninterrupted run with the same checkpoints ends.
 TEST(CheckpointTest, ResumedRunMatchesUninterruptedRun) {

@@ -4,6 +4,7 @@ worker/testdata specs (Debian's python3-torch, CPU only)."""
 
 import gzip
 import json
+import math
 import os
 import time
 
@@ -62,13 +63,25 @@ def layers(model):
     return {"mlp": mlp_layers, "cnn": cnn_layers}[model]()
 
 
-def optimizer(model, params):
-    """worker/testdata specs: mlp SGD lr 0.01 momentum 0.9 with 100 warm-up
-    steps; cnn Adam lr 1e-3."""
+MLP_LR, MLP_WARMUP = 0.02, 100
+
+
+def mlp_lr_factor(step, total_steps):
+    """APapo's LearningRate (worker/optimizer.cc) over the base rate: linear
+    warm-up, then cosine to 0 at the last of `total_steps` updates."""
+    if step < MLP_WARMUP:
+        return (step + 1) / MLP_WARMUP
+    t = min(1.0, (step - MLP_WARMUP) / max(1, total_steps - MLP_WARMUP))
+    return 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def optimizer(model, params, total_steps):
+    """worker/testdata specs: mlp SGD lr 0.02 momentum 0.9, 100 warm-up
+    steps then cosine decay over the run's `total_steps`; cnn Adam lr 1e-3."""
     if model == "mlp":
-        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        opt = torch.optim.SGD(params, lr=MLP_LR, momentum=0.9)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: min(1.0, (step + 1) / 100.0))
+            opt, lambda step: mlp_lr_factor(step, total_steps))
         return opt, sched
     return torch.optim.Adam(params, lr=1e-3), None
 

@@ -35,9 +35,9 @@ def main():
     torch.manual_seed(1)
     net = nn.Sequential(*pc.layers(a.model))
     ddp = nn.parallel.DistributedDataParallel(net)
-    opt, sched = pc.optimizer(a.model, ddp.parameters())
     x, y = pc.load("train")
     total = pc.steps_for(len(x), a.epochs, a.max_steps)
+    opt, sched = pc.optimizer(a.model, ddp.parameters(), total)
     per_epoch = len(x) // pc.BATCH
     local = pc.BATCH // world
     timer = pc.Timer(a.warmup)

@@ -51,9 +51,9 @@ def main():
     k = SPLIT[a.model]
     model = Pipe(nn.Sequential(nn.Sequential(*ls[:k]), nn.Sequential(*ls[k:])),
                  chunks=a.chunks, checkpoint="never")
-    opt, sched = pc.optimizer(a.model, model.parameters())
     x, y = pc.load("train")
     total = pc.steps_for(len(x), a.epochs, a.max_steps)
+    opt, sched = pc.optimizer(a.model, model.parameters(), total)
     per_epoch = len(x) // pc.BATCH
     timer = pc.Timer(a.warmup)
     g = torch.Generator().manual_seed(1)
