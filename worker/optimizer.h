@@ -40,16 +40,32 @@ class Optimizer {
   // `reuse`, when given, holds tensors of a weight version nobody reads any
   // more (same shapes as `params`): the next version is written into them
   // and they are returned, so a steady-state step allocates no parameters.
+  //
+  // `predict`, when given, asks for the new version's prediction too, as
+  // Predict(next, predict->steps, step + 1) would make it (into
+  // predict->reuse when it fits): SGD with momentum computes it in the same
+  // pass over memory as the update. predict->out is left empty when this
+  // step could not (first step, Adam, non-float or non-contiguous tensors):
+  // call Predict then.
+  struct FusedPrediction {
+    double steps = 0;
+    std::vector<at::Tensor> reuse;
+    std::vector<at::Tensor> out;
+  };
   std::vector<at::Tensor> Step(const std::vector<at::Tensor>& params,
                                std::vector<at::Tensor>& grads, int64_t step,
-                               std::vector<at::Tensor> reuse = {});
+                               std::vector<at::Tensor> reuse = {},
+                               FusedPrediction* predict = nullptr);
 
   // `params` moved `steps` updates ahead along the current step direction
   // (SGD: the momentum buffer; Adam: m_hat / (sqrt(v_hat) + eps)) at update
   // number `step`'s learning rate. A parameter without a direction yet (no
   // momentum, or before the first step) is returned as it is.
+  // `reuse`, as in Step, holds tensors no one reads any more: predictions
+  // are written into them instead of fresh allocations.
   std::vector<at::Tensor> Predict(const std::vector<at::Tensor>& params,
-                                  double steps, int64_t step) const;
+                                  double steps, int64_t step,
+                                  std::vector<at::Tensor> reuse = {}) const;
   // Optimizer state for checkpoints: a flat list of tensors (empty until the
   // first step for SGD without momentum).
   std::vector<at::Tensor> State() const;

@@ -65,9 +65,13 @@ struct StageExecutor::Impl {
   // Tensors of the last dropped version, overwritten by the next update.
   std::vector<at::Tensor> spare;
   // Weight prediction: updates ahead (0: off) and the predicted weights of
-  // each held version, made on the version's first forward.
+  // each held version, made by the optimizer step that made the version
+  // (SGD momentum, fused) or else on the version's first forward.
   double prediction_steps = 0;
   std::map<int64_t, std::vector<at::Tensor>> predicted;
+  // Predicted tensors of the last dropped version (never a version's own
+  // tensors), overwritten by the next prediction.
+  std::vector<at::Tensor> predicted_spare;
 
   // The weights forward and backward of version `v` run on.
   const std::vector<at::Tensor>& WeightsFor(int64_t v) {
@@ -76,7 +80,8 @@ struct StageExecutor::Impl {
     if (it == predicted.end()) {
       it = predicted
                .emplace(v, optimizer->Predict(versions.at(v), prediction_steps,
-                                              global_step))
+                                              global_step,
+                                              std::move(predicted_spare)))
                .first;
     }
     return it->second;
@@ -166,6 +171,21 @@ struct StageExecutor::Impl {
     if (--version_refs[v] == 0) version_refs.erase(v);
     DropUnusedVersions();
   }
+  // Keeps version v's predicted tensors for the next prediction, except
+  // those that are the version's own (Predict passes a parameter without a
+  // step direction through).
+  void RecyclePrediction(int64_t v, const std::vector<at::Tensor>& own) {
+    auto it = predicted.find(v);
+    if (it == predicted.end()) return;
+    std::vector<at::Tensor> keep(it->second.size());
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (i >= own.size() || !it->second[i].is_same(own[i])) {
+        keep[i] = std::move(it->second[i]);
+      }
+    }
+    predicted_spare = std::move(keep);
+  }
+
   void DropUnusedVersions() {
     // 2BW runs iteration k with version k-1, so it keeps one older version.
     const int64_t keep_from =
@@ -176,6 +196,7 @@ struct StageExecutor::Impl {
         // Version 0 may be the caller's tensors (initial_parameters) and
         // recorded backwards keep their versions' tensors: neither is reused.
         if (it->first > 0 && !config.record_backwards) {
+          RecyclePrediction(it->first, it->second);
           spare = std::move(it->second);
         }
         predicted.erase(it->first);
@@ -382,8 +403,16 @@ struct StageExecutor::Impl {
       if (!st.ok()) return Fail("all-reducing gradients", st);
     }
     std::vector<at::Tensor> next;
+    Optimizer::FusedPrediction prediction;
+    const bool predicting = prediction_steps > 0;
+    if (predicting) {
+      prediction.steps = prediction_steps;
+      prediction.reuse = std::move(predicted_spare);
+      predicted_spare.clear();
+    }
     try {
-      next = optimizer->Step(current, grad_acc, global_step, std::move(spare));
+      next = optimizer->Step(current, grad_acc, global_step, std::move(spare),
+                             predicting ? &prediction : nullptr);
       spare.clear();
     } catch (const std::exception& e) {
       return absl::InternalError(
@@ -391,6 +420,13 @@ struct StageExecutor::Impl {
     }
     newest = produced;
     versions[newest] = std::move(next);
+    if (predicting) {
+      if (!prediction.out.empty()) {
+        predicted[newest] = std::move(prediction.out);  // made in the step
+      } else {
+        predicted_spare = std::move(prediction.reuse);  // WeightsFor makes it
+      }
+    }
     for (auto& g : grad_acc) g = at::Tensor();
     ++global_step;
     ++report.steps;

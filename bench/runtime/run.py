@@ -44,16 +44,17 @@ COORDINATOR = os.path.join(BIN, "coordinator", "apapo-coordinator")
 PY = "/usr/bin/python3"
 SPECS = {"mlp": os.path.join(ROOT, "worker/testdata/mlp_fashion_mnist.textproto"),
          "cnn": os.path.join(ROOT, "worker/testdata/cnn_fashion_mnist.textproto")}
-ROWS = ["single", "auto", "async", "async_local", "1f1b_flush", "gpipe", "replicas2",
-        "ddp", "pipe"]
+ROWS = ["single", "auto", "async", "async_nowp", "async_local", "1f1b_flush", "gpipe",
+        "replicas2", "ddp", "pipe"]
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
-CLUSTER_ROWS = ("auto", "async", "1f1b_flush", "gpipe", "replicas2")
+CLUSTER_ROWS = ("auto", "async", "async_nowp", "1f1b_flush", "gpipe", "replicas2")
 LABELS = {
     "single": "single process, 1 core (apapo-worker --local=1)",
     "auto": "ours, planner's choice (coordinator + 2 daemons)",
     "async": "ours, async (coordinator, planned)",
+    "async_nowp": "ours, async without weight prediction (coordinator)",
     "async_local": "ours, async, 2 stages, whole-layer cut (--local=2)",
     "1f1b_flush": "ours, 1f1b_flush (coordinator, planned)",
     "gpipe": "ours, gpipe (coordinator, planned)",
@@ -96,6 +97,10 @@ def make_spec(model, row, max_steps, epochs, workdir):
         s.stages = 2
         if row != "async":
             s.micro_batches = 4
+    elif row == "async_nowp":
+        # The async row with plain weight stashing: what prediction costs.
+        s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
+        s.weight_prediction = False
     elif row == "async_local":
         # The local launcher's contiguous, compute-balanced whole-layer cut.
         s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
