@@ -124,6 +124,14 @@ class ProgressReporter {
   // the next progress report; a stage without progress reports sends them on
   // their own, at most every kStageReportInterval.
   void OnStageReport(const StageReport& r) {
+    if (!trains_progress_ && counters_.has_value() &&
+        r.steps == counters_->steps + 1 &&
+        step_seconds_.size() < kMaxPendingSteps) {
+      // Training time between two successive updates: train_seconds counts
+      // training phases only, so an evaluation in between is left out.
+      const double d = r.train_seconds - counters_->train_seconds;
+      if (d > 0) step_seconds_.push_back(d);
+    }
     counters_ = r;
     if (trains_progress_ || !report_) return;
     const absl::Time now = absl::Now();
@@ -136,6 +144,7 @@ class ProgressReporter {
     m.set_samples_per_second(r.train_seconds > 0 ? r.samples / r.train_seconds
                                                  : 0);
     FillStageMetrics(r, stage_, rank_, m.mutable_stage());
+    TakeStepSeconds(m.mutable_stage());
     last_time_ = now;
     ++sent_;
     report_(m);
