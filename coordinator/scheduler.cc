@@ -410,7 +410,12 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
 }
 
 void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
-                          const apapo::v1::MetricsReport& report) {
+                          const apapo::v1::MetricsReport& in) {
+  // The stream the report came on says which worker sent it (stage
+  // processes leave worker_id empty): the per-worker series need it, or two
+  // replicas of one stage would share their labels.
+  apapo::v1::MetricsReport report = in;
+  report.set_worker_id(worker_id);
   if (observer_ != nullptr) observer_->OnMetrics(a.id, report);
   a.latest[worker_id] = report;
   absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);

@@ -2,9 +2,11 @@
 training jobs, driven through the gRPC API (Python client) and apapoctl."""
 
 import os
+import re
 import signal
 import subprocess
 import unittest
+import urllib.request
 
 import grpc
 
@@ -68,6 +70,20 @@ class EndToEndTest(unittest.TestCase):
         planned = plan.cluster.levels[0].bandwidth_bytes_per_second
         self.assertEqual(planned, min(l.bandwidth_bytes_per_second for l in links))
         self.assertNotEqual(planned, 1e9)
+        # Every placed rank, not only the last stage, fed the per-stage series:
+        # busy seconds and the step-time histogram.
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
+                                    timeout=10) as r:
+            text = r.read().decode()
+        for stage in plan.plan.stages:
+            for rep in stage.placement:
+                labels = f'job="{job_id}",stage="{stage.index}",worker="{rep.worker_id}"'
+                busy = re.search(r'apapo_stage_time_seconds_total\{activity="busy",'
+                                 + re.escape(labels) + r'\} ([0-9.e+-]+)', text)
+                steps = re.search(r'apapo_stage_step_seconds_count\{' + re.escape(labels)
+                                  + r'\} ([0-9]+)', text)
+                self.assertTrue(busy and float(busy.group(1)) > 0, (labels, text[-2000:]))
+                self.assertTrue(steps and int(steps.group(1)) > 0, (labels, text[-2000:]))
         states = c.worker_states()
         self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
         # apapoctl shows the same job and plan.
@@ -87,6 +103,14 @@ class EndToEndTest(unittest.TestCase):
         c = self.cluster
         job_id = c.submit(spec(steps=1_000_000))
         c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
+        # While it trains, every placed rank streams its counters (not only
+        # the last stage at the end).
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+        placed = {r.worker_id for s in plan.plan.stages for r in s.placement}
+        self.assertTrue(placed)
+        c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
+                      {s.worker_id for s in m.job.progress.stages
+                       if s.busy_seconds > 0} >= placed, timeout=120)
         c.jobs.CancelJob(service_pb2.CancelJobRequest(job_id=job_id, reason="test"),
                          timeout=30)
         self.assertEqual(c.get(job_id).state, job_pb2.JOB_STATE_CANCELLED)
