@@ -126,6 +126,15 @@ apapo::v1::OptimizerSpec Sgd() {
   return o;
 }
 
+// The async schedule on 2 stages with `m` micro-batches per iteration.
+schedule::ScheduleOptions AsyncTwoStages(int m) {
+  schedule::ScheduleOptions sched;
+  sched.kind = ScheduleKind::kAsync;
+  sched.num_stages = 2;
+  sched.micro_batches_per_iteration = m;
+  return sched;
+}
+
 struct EquivalenceCase {
   ScheduleKind kind;
   int stages;
@@ -189,10 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
 // gradients and weights: they match the stashed version and not the newest.
 TEST(WeightStashingTest, BackwardUsesItsForwardsWeightVersion) {
   Fixture f = MakeFixture();
-  schedule::ScheduleOptions sched;
-  sched.kind = ScheduleKind::kAsync;
-  sched.num_stages = 2;
-  sched.micro_batches_per_iteration = 1;
+  const schedule::ScheduleOptions sched = AsyncTwoStages(1);
   apapo::v1::OptimizerSpec spec = Sgd();
   spec.set_learning_rate(0.5);
   PipelineResult got = RunPipeline(f, sched, spec, 6, /*record=*/true);
@@ -254,10 +260,7 @@ TEST(WeightStashingTest, BackwardUsesItsForwardsWeightVersion) {
 // prediction recorded.
 TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
   Fixture f = MakeFixture();
-  schedule::ScheduleOptions sched;
-  sched.kind = ScheduleKind::kAsync;
-  sched.num_stages = 2;
-  sched.micro_batches_per_iteration = 1;
+  const schedule::ScheduleOptions sched = AsyncTwoStages(1);
   apapo::v1::OptimizerSpec spec;
   spec.mutable_sgd()->set_momentum(0.9);
   spec.set_learning_rate(0.1);
@@ -326,10 +329,7 @@ TEST(FailureTest, DeadPeerStopsStageWithNamedError) {
   auto layouts = LayoutStages(*f.graph, *split);
   auto server = StartStoreServer();
   ASSERT_TRUE(server.ok());
-  schedule::ScheduleOptions sched;
-  sched.kind = ScheduleKind::kAsync;
-  sched.num_stages = 2;
-  sched.micro_batches_per_iteration = 2;
+  const schedule::ScheduleOptions sched = AsyncTwoStages(2);
   // Stage 1 connects and then dies (its transport closes its sockets).
   std::thread peer([&] {
     GlooTransportOptions t;
