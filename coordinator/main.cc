@@ -19,7 +19,7 @@
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
 #include "coordinator/metrics.h"
-#include "coordinator/partitioner_planner.h"
+#include "planning/partitioner_planner.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/server.h"
 #include "prometheus/exposer.h"
@@ -131,7 +131,7 @@ int Run() {
     exposer->RegisterCollectable(metrics.state_collectable());
   }
 
-  apapo::coordinator::PartitionerPlanner planner;
+  apapo::planning::PartitionerPlanner planner;
   apapo::coordinator::SchedulerOptions scheduler_options;
   scheduler_options.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   scheduler_options.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);

@@ -32,7 +32,7 @@ double TotalCompute(const apapo::v1::ModelProfile& p) {
 }  // namespace
 
 Scheduler::Scheduler(JobManager* jobs, WorkerRegistry* registry,
-                     Planner* planner, Clock* clock, SchedulerOptions options,
+                     planning::Planner* planner, Clock* clock, SchedulerOptions options,
                      SchedulerObserver* observer)
     : jobs_(jobs),
       registry_(registry),

@@ -39,7 +39,7 @@
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/planner.h"
+#include "planning/planner.h"
 #include "coordinator/worker_registry.h"
 #include "coordinator/worker_listener.h"
 
@@ -70,7 +70,7 @@ class SchedulerObserver {
 class Scheduler : public WorkerMessageListener {
  public:
   // All pointers must outlive the scheduler; `observer` may be null.
-  Scheduler(JobManager* jobs, WorkerRegistry* registry, Planner* planner,
+  Scheduler(JobManager* jobs, WorkerRegistry* registry, planning::Planner* planner,
             Clock* clock, SchedulerOptions options,
             SchedulerObserver* observer = nullptr);
   ~Scheduler() override;
@@ -152,7 +152,7 @@ class Scheduler : public WorkerMessageListener {
   // Constant after construction.
   JobManager* const jobs_;
   WorkerRegistry* const registry_;
-  Planner* const planner_;
+  planning::Planner* const planner_;
   Clock* const clock_;
   const SchedulerOptions options_;
   SchedulerObserver* const observer_;

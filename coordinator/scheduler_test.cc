@@ -13,7 +13,7 @@ using apapo::v1::CoordinatorMessage;
 using apapo::v1::WorkerMessage;
 
 // Two stages, one replica each, on the first two workers of the cluster.
-class FakePlanner : public Planner {
+class FakePlanner : public planning::Planner {
  public:
   absl::StatusOr<apapo::v1::Plan> MakePlan(
       const apapo::v1::JobSpec&, const apapo::v1::ModelProfile& profile,

@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "coordinator/partitioner_planner.h"
+#include "planning/partitioner_planner.h"
 #include "google/protobuf/text_format.h"
 #include "partitioner/plan_proto.h"
 #include "proto/apapo/v1/metrics.pb.h"
@@ -127,7 +127,7 @@ absl::StatusOr<LocalPlan> PlanWithPartitioner(const apapo::v1::JobSpec& spec,
   apapo::v1::NetworkLevel* level = cluster.add_levels();
   level->set_group_size(workers);
   level->set_bandwidth_bytes_per_second(1e9);
-  coordinator::PartitionerPlanner planner;
+  planning::PartitionerPlanner planner;
   auto proto = planner.MakePlan(
       spec, EstimatedProfile(graph, spec.data().batch_size()), cluster);
   if (!proto.ok()) return proto.status();

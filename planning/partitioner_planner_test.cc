@@ -1,10 +1,10 @@
-#include "coordinator/partitioner_planner.h"
+#include "planning/partitioner_planner.h"
 
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
-namespace apapo::coordinator {
+namespace apapo::planning {
 namespace {
 
 // A 4-layer chain of 2048-wide layers with small activations; `first_backward`
@@ -134,4 +134,4 @@ TEST(PartitionerPlannerTest, NothingFitsInMemoryIsResourceExhausted) {
 }
 
 }  // namespace
-}  // namespace apapo::coordinator
+}  // namespace apapo::planning

@@ -1,4 +1,4 @@
-#include "coordinator/partitioner_planner.h"
+#include "planning/partitioner_planner.h"
 
 #include <algorithm>
 #include <set>
@@ -9,11 +9,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/spec_validator.h"
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
+#include "planning/stage_plan.h"
 
-namespace apapo::coordinator {
+namespace apapo::planning {
 namespace {
 
 namespace pt = apapo::partitioner;
@@ -81,13 +81,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       pt::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
   if (!kind.ok()) return kind.status();
   options.schedule = *kind;
-  options.micro_batches = EffectiveMicroBatches(spec);
+  // Unset: 0, and the DP picks its schedule's default for the replication
+  // it chooses (the same schedule::DefaultMicroBatches StagePlanFor uses).
+  options.micro_batches =
+      spec.schedule().has_micro_batches() ? spec.schedule().micro_batches() : 0;
   options.batch_size = spec.data().batch_size();
-  if (spec.schedule().has_max_staleness()) {
-    // The async schedule keeps at most max_staleness + 1 micro-batches'
-    // worth of versions in flight.
-    options.max_in_flight = spec.schedule().max_staleness() + 1;
-  }
+  options.max_in_flight = MaxInFlight(spec);
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
@@ -223,4 +222,4 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   return out;
 }
 
-}  // namespace apapo::coordinator
+}  // namespace apapo::planning

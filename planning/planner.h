@@ -4,15 +4,15 @@
 // and tests use fakes.
 //
 // Thread-safety: implementations must be callable from any thread.
-#ifndef APAPO_COORDINATOR_PLANNER_H_
-#define APAPO_COORDINATOR_PLANNER_H_
+#ifndef APAPO_PLANNING_PLANNER_H_
+#define APAPO_PLANNING_PLANNER_H_
 
 #include "absl/status/statusor.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "proto/apapo/v1/plan.pb.h"
 #include "proto/apapo/v1/profile.pb.h"
 
-namespace apapo::coordinator {
+namespace apapo::planning {
 
 class Planner {
  public:
@@ -24,6 +24,6 @@ class Planner {
       const apapo::v1::ClusterSpec& cluster) = 0;
 };
 
-}  // namespace apapo::coordinator
+}  // namespace apapo::planning
 
-#endif  // APAPO_COORDINATOR_PLANNER_H_
+#endif  // APAPO_PLANNING_PLANNER_H_

@@ -10,12 +10,12 @@
 // replicating stages (one stage replicated everywhere is data parallelism).
 //
 // Thread-safety: stateless; MakePlan is reentrant.
-#ifndef APAPO_COORDINATOR_PARTITIONER_PLANNER_H_
-#define APAPO_COORDINATOR_PARTITIONER_PLANNER_H_
+#ifndef APAPO_PLANNING_PARTITIONER_PLANNER_H_
+#define APAPO_PLANNING_PARTITIONER_PLANNER_H_
 
-#include "coordinator/planner.h"
+#include "planning/planner.h"
 
-namespace apapo::coordinator {
+namespace apapo::planning {
 
 class PartitionerPlanner : public Planner {
  public:
@@ -24,6 +24,6 @@ class PartitionerPlanner : public Planner {
       const apapo::v1::ClusterSpec& cluster) override;
 };
 
-}  // namespace apapo::coordinator
+}  // namespace apapo::planning
 
-#endif  // APAPO_COORDINATOR_PARTITIONER_PLANNER_H_
+#endif  // APAPO_PLANNING_PARTITIONER_PLANNER_H_

@@ -1,0 +1,69 @@
+// StagePlan: what every stage replica of a job needs to know about the whole
+// pipeline, derived from the JobSpec and the Plan in exactly one place
+// (StagePlanFor). The daemon's stage process, the local driver
+// (`apapo-worker --local`), the test harness and the coordinator's planner
+// all read the schedule's parameters from here, so the rules below live
+// nowhere else:
+//   * micro-batches per iteration m: the plan's, else the spec's, else the
+//     schedule's default (schedule::DefaultMicroBatches);
+//   * in-flight bound: spec.schedule.max_staleness s gives max_in_flight
+//     s + 1 (stage 0's gradient delay is its in-flight depth minus one);
+//   * ranks are numbered stage-major: stage 0's replicas first.
+//
+// Thread-safety: pure functions and value types.
+#ifndef APAPO_PLANNING_STAGE_PLAN_H_
+#define APAPO_PLANNING_STAGE_PLAN_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "partitioner/schedule.h"
+#include "proto/apapo/v1/job.pb.h"
+#include "proto/apapo/v1/plan.pb.h"
+
+namespace apapo::planning {
+
+// The in-flight bound `spec` asks for (ScheduleOptions::max_in_flight):
+// max_staleness + 1 when set, else 0 (the schedule's default depth).
+int MaxInFlight(const apapo::v1::JobSpec& spec);
+
+// Micro-batches per iteration for a job with `kind` and `replicas` per
+// stage: `planned` when > 0 (the plan's), else spec.schedule.micro_batches
+// when set, else schedule::DefaultMicroBatches.
+int MicroBatches(const apapo::v1::JobSpec& spec, int planned,
+                 schedule::ScheduleKind kind, const std::vector<int>& replicas);
+
+struct StagePlan {
+  // Kind, stages, replicas (empty when nothing is replicated), m and the
+  // in-flight bound; num_iterations is left at 1 (set per training phase).
+  schedule::ScheduleOptions schedule;
+  // Node ids per stage, in pipeline order (ids of the split graph).
+  std::vector<std::vector<std::string>> stage_nodes;
+  // Linear layers split column-wise: (node id, parts) (plan.proto LayerSplit).
+  std::vector<std::pair<std::string, int>> splits;
+  int world_size = 0;  // stage replicas in all
+
+  // Global rank of (stage, replica): stage-major.
+  int RankOf(int stage, int replica) const;
+  // The (stage, replica) of `rank`; requires 0 <= rank < world_size.
+  std::pair<int, int> StageOf(int rank) const;
+  // "async, 2 stage(s) x 1 replica, m=1: [input..fc3/0] | [fc3/1..loss],
+  // split fc3/8, weight prediction".
+  std::string Describe(const apapo::v1::JobSpec& spec) const;
+};
+
+// The StagePlan of `plan` for `spec`. INVALID_ARGUMENT naming the field
+// ("plan.stages[1]: no node ids", "plan: ...") when the plan is malformed or
+// its schedule parameters are out of range.
+absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
+                                       const apapo::v1::Plan& plan);
+
+// Whether an async run of `spec` predicts weights (ScheduleSpec.
+// weight_prediction; unset: yes). Other schedules never do.
+bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
+
+}  // namespace apapo::planning
+
+#endif  // APAPO_PLANNING_STAGE_PLAN_H_
