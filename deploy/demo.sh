@@ -18,8 +18,18 @@ if [ "${#EXTRA[@]}" -eq 0 ]; then EXTRA=(--epochs=1); fi
 
 bash deploy/install-deps.sh
 echo "== building (first time: several minutes)"
-bazel build //coordinator:apapo-coordinator //worker:apapo-worker //cli:apapoctl \
-  2>&1 | grep -E "^(ERROR|INFO: Build completed)" || true
+# The binaries and the generated Python modules the one-process comparison
+# imports: everything this script runs, nothing else (a fresh clone has
+# nothing built; tests/test_accuracy.py runs this script that way in CI).
+BUILD_LOG=$(mktemp /tmp/apapo-demo-build.XXXXXX)
+if ! bazel build //coordinator:apapo-coordinator //worker:apapo-worker \
+    //cli:apapoctl //proto/apapo/v1:py_stubs >"$BUILD_LOG" 2>&1; then
+  grep -E "^(ERROR|FAILED)" "$BUILD_LOG" | head -20
+  echo "demo: the build failed (full log: $BUILD_LOG)"
+  exit 1
+fi
+grep -E "^INFO: Build completed" "$BUILD_LOG" || true
+rm -f "$BUILD_LOG"
 BIN=bazel-bin
 WORK=$(mktemp -d /tmp/apapo-demo.XXXXXX)
 PIDS=()

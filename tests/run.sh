@@ -15,6 +15,12 @@ PY=/usr/bin/python3
 # Tests pin their own thread counts; keep OpenBLAS from oversubscribing the
 # shared cores in every test process.
 export OPENBLAS_NUM_THREADS=1
+# One Bazel disk cache for this tree's builds and for the fresh clone in which
+# tests/test_accuracy.py runs the README's main command as a new user would
+# (its output base has built nothing; the cache keeps that affordable).
+export APAPO_BAZEL_DISK_CACHE=${APAPO_BAZEL_DISK_CACHE:-$HOME/.cache/apapo/bazel-disk}
+mkdir -p "$APAPO_BAZEL_DISK_CACHE"
+BAZEL_FLAGS=(--disk_cache="$APAPO_BAZEL_DISK_CACHE")
 
 extra=()
 # The CUDA/NCCL path must keep compiling even where no GPU runs it (its test
@@ -22,7 +28,7 @@ extra=()
 # the CPU build below leaves the CPU variant of the test in bazel-bin.
 if [ -f /usr/local/cuda/include/nccl.h ]; then
   echo "== bazel build --config=cuda //worker:nccl_transport_test (compile check)"
-  if bazel build --config=cuda //worker:nccl_transport_test 2>&1 | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools' | tail -n 20; then
+  if bazel build "${BAZEL_FLAGS[@]}" --config=cuda //worker:nccl_transport_test 2>&1 | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools' | tail -n 20; then
     echo '{"passed": 1, "failed": 0}' > "$OUT/cuda.json"
   else
     echo '{"passed": 0, "failed": 1}' > "$OUT/cuda.json"
@@ -33,10 +39,10 @@ else
 fi
 
 echo "== bazel build //..."
-if ! bazel build //... 2>&1 | tail -n 30; then :; fi
+if ! bazel build "${BAZEL_FLAGS[@]}" //... 2>&1 | tail -n 30; then :; fi
 
 echo "== bazel test //..."
-bazel test //... --test_summary=short --test_output=errors 2>&1 | tee "$OUT/bazel.log" | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools'
+bazel test "${BAZEL_FLAGS[@]}" //... --test_summary=short --test_output=errors 2>&1 | tee "$OUT/bazel.log" | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools'
 
 echo "== tests/ (multi-process, Python clients)"
 $PY tests/lib/run_python_tests.py "$OUT/python.json"
