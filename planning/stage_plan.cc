@@ -39,7 +39,8 @@ std::pair<int, int> StagePlan::StageOf(int rank) const {
   return {stage, rank};
 }
 
-std::string StagePlan::Describe(const apapo::v1::JobSpec& spec) const {
+std::string StagePlan::Describe(const apapo::v1::JobSpec& spec,
+                                absl::string_view origin) const {
   std::vector<std::string> parts;
   for (int s = 0; s < static_cast<int>(stage_nodes.size()); ++s) {
     const auto& nodes = stage_nodes[s];
@@ -56,7 +57,8 @@ std::string StagePlan::Describe(const apapo::v1::JobSpec& spec) const {
                           WeightPredictionRequested(spec);
   return absl::StrCat(
       schedule::ScheduleKindName(schedule.kind),
-      spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED
+      !origin.empty() ? absl::StrCat(" (", origin, ")")
+      : spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED
           ? " (auto)"
           : "",
       ", ", schedule.num_stages, " stage(s), m=",

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "partitioner/schedule.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "proto/apapo/v1/plan.pb.h"
@@ -49,9 +50,11 @@ struct StagePlan {
   int RankOf(int stage, int replica) const;
   // The (stage, replica) of `rank`; requires 0 <= rank < world_size.
   std::pair<int, int> StageOf(int rank) const;
-  // "async, 2 stage(s) x 1 replica, m=1: [input..fc3/0] | [fc3/1..loss],
-  // split fc3/8, weight prediction".
-  std::string Describe(const apapo::v1::JobSpec& spec) const;
+  // "async (planned), 2 stage(s), m=1: [input..fc3/0] | [fc3/1..loss],
+  // split fc3/8, weight prediction": `origin` goes in the parentheses; when
+  // empty, "auto" if the spec left the schedule open, else none.
+  std::string Describe(const apapo::v1::JobSpec& spec,
+                       absl::string_view origin = "") const;
 };
 
 // The StagePlan of `plan` for `spec`. INVALID_ARGUMENT naming the field

@@ -5,12 +5,12 @@
 //       profiles / trains the stages it is assigned, each in a child
 //       process; reconnects with backoff when the coordinator is away.
 //   apapo-worker --local=N --spec=job.textproto [--summary=FILE]
-//       trains the job on this machine in N worker processes (no
-//       coordinator) and writes a JSON summary.
+//       trains the job on this machine (no coordinator): plans it, then
+//       runs N stage processes exactly as a daemon runs its assignments
+//       (worker/local_driver.h) and writes a JSON summary.
 //   (internal) --run_assignment=FILE
-//       one stage process of the daemon (see worker/daemon/stage_process.h).
-//   (internal) --rank=R --world=N --store_port=P --spec=...
-//       one rank of a local job; started by the local launcher.
+//       one stage process, of the daemon or of --local (see
+//       worker/daemon/stage_process.h).
 //
 // Exit codes: 0 success; 1 training failed (a stage reported an error);
 // 2 bad usage or invalid spec; 3 internal error.
@@ -40,7 +40,7 @@
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_process.h"
 #include "worker/daemon/torch_job_runner.h"
-#include "worker/local_launcher.h"
+#include "worker/local_driver.h"
 
 ABSL_FLAG(int, local, 0,
           "Train --spec on this machine in this many worker processes.");
@@ -66,10 +66,6 @@ ABSL_FLAG(std::string, labels, "",
 ABSL_FLAG(std::string, run_assignment, "",
           "internal: train the serialized AssignStage in this file (the "
           "daemon's stage process)");
-// Internal: set by the local launcher for each rank.
-ABSL_FLAG(int, rank, -1, "internal: rank of this worker process");
-ABSL_FLAG(int, world, 0, "internal: number of worker processes");
-ABSL_FLAG(int, store_port, 0, "internal: TCPStore port of the launcher");
 
 namespace {
 
@@ -98,25 +94,19 @@ void BoundComputeThreads(int threads) {
 }
 
 int RunLocal(const apapo::v1::JobSpec& spec, int workers, int threads) {
-  // Children inherit the environment: OpenBLAS reads it at load time.
+  // Stage children get these from TorchJobRunner too; the parent plans only.
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
   setenv("OMP_NUM_THREADS", absl::StrCat(threads).c_str(), 1);
   apapo::worker::LocalJobOptions o;
   o.workers = workers;
-  o.spec_path = absl::GetFlag(FLAGS_spec);
+  o.threads = threads;
   o.summary_path = absl::GetFlag(FLAGS_summary);
-  o.self_exe = "/proc/self/exe";
-  o.rank_args = {absl::StrCat("--spec=", o.spec_path),
-                 absl::StrCat("--threads=", threads),
-                 absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s))};
+  o.exe = "/proc/self/exe";
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   absl::Status s = apapo::worker::RunLocalJob(spec, o);
   if (!s.ok()) {
     std::fprintf(stderr, "apapo-worker: %s\n", s.ToString().c_str());
-    return s.code() == absl::StatusCode::kInternal &&
-                   absl::StrContains(s.message(), "exited with code")
-               ? kExitFailed
-               : ExitCodeFor(s);
+    return ExitCodeFor(s);
   }
   return 0;
 }
@@ -216,9 +206,8 @@ int main(int argc, char** argv) {
     return RunDaemon(threads);
   }
   const std::string spec_path = absl::GetFlag(FLAGS_spec);
-  const int rank = absl::GetFlag(FLAGS_rank);
   const int local = absl::GetFlag(FLAGS_local);
-  if (local <= 0 && rank < 0) {
+  if (local <= 0) {
     std::fprintf(stderr,
                  "apapo-worker: nothing to do: pass --coordinator=HOST:PORT "
                  "or --local=N --spec=FILE (see --help)\n");
@@ -234,29 +223,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   int threads = absl::GetFlag(FLAGS_threads);
-  const int workers = rank >= 0 ? absl::GetFlag(FLAGS_world) : local;
   if (threads <= 0) threads = spec->resources().threads_per_worker();
   if (threads <= 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    threads = std::max(1, cores / std::max(1, workers));
-  }
-  BoundComputeThreads(threads);
-  if (rank >= 0) {
-    apapo::worker::RankOptions o;
-    o.rank = rank;
-    o.world_size = workers;
-    o.store_port = absl::GetFlag(FLAGS_store_port);
-    o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-    absl::Status s = apapo::worker::RunRank(*spec, o);
-    if (!s.ok()) {
-      std::fprintf(stderr, "apapo-worker rank %d: %s\n", rank,
-                   s.ToString().c_str());
-      // Exit without unwinding: peers' transfers may still reference us,
-      // and c10d teardown must not delay the failure.
-      std::fflush(stderr);
-      _exit(ExitCodeFor(s) == 0 ? kExitFailed : ExitCodeFor(s));
-    }
-    return 0;
+    threads = std::max(1, cores / std::max(1, local));
   }
   return RunLocal(*spec, local, threads);
 }

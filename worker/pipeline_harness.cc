@@ -9,6 +9,9 @@
 #include "gtest/gtest.h"
 #include "worker/model_builder.h"
 #include "worker/optimizer.h"
+#include "partitioner/plan_proto.h"
+#include "planning/stage_plan.h"
+#include "worker/stage_runner.h"
 #include "worker/transport.h"
 
 namespace apapo {
@@ -64,22 +67,47 @@ std::map<std::string, at::Tensor> TrainSingleProcess(
   return out;
 }
 
-// Runs a pipeline with one thread per stage replica.
+// Runs a pipeline with one thread per stage replica, each through RunStage
+// (the path every stage of a real job takes) with the harness's data.
 PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
                            bool record, apapo::v1::CheckpointSpec checkpoint,
                            bool weight_prediction) {
-  auto split = BalancedSplit(*f.graph, sched.num_stages);
-  EXPECT_TRUE(split.ok());
-  auto layouts = LayoutStages(*f.graph, *split);
-  EXPECT_TRUE(layouts.ok());
-  int world = 0;
-  std::vector<std::vector<int>> groups;
-  for (int s = 0; s < sched.num_stages; ++s) {
-    std::vector<int> g;
-    for (int r = 0; r < sched.Replicas(s); ++r) g.push_back(world++);
-    groups.push_back(g);
+  // The job: the fixture's graph and data, its plan: the balanced cut.
+  apapo::v1::JobSpec job;
+  job.set_name("harness");
+  *job.mutable_model()->mutable_graph() = f.graph->graph();
+  *job.mutable_data() = f.data;
+  job.mutable_data()->set_batch_size(kBatch);
+  job.mutable_data()->set_shuffle(true);
+  *job.mutable_optimizer() = spec;
+  job.set_seed(kSeed);
+  job.mutable_limits()->set_epochs(1);
+  job.mutable_limits()->set_max_steps(steps);
+  *job.mutable_checkpoint() = checkpoint;
+  job.mutable_schedule()->set_weight_prediction(weight_prediction);
+  if (sched.max_in_flight > 0) {
+    job.mutable_schedule()->set_max_staleness(sched.max_in_flight - 1);
   }
+  auto split = BalancedSplit(*f.graph, sched.num_stages);
+  EXPECT_TRUE(split.ok()) << split.status();
+  apapo::v1::Plan plan;
+  plan.set_schedule(partitioner::ScheduleToProto(sched.kind));
+  plan.set_micro_batches(sched.micro_batches_per_iteration);
+  int world = 0;
+  for (int s = 0; s < sched.num_stages; ++s) {
+    apapo::v1::Stage* stage = plan.add_stages();
+    for (const std::string& id : (*split)[s]) stage->add_node_ids(id);
+    stage->set_replicas(sched.Replicas(s));
+    world += sched.Replicas(s);
+  }
+  auto stage_plan = planning::StagePlanFor(job, plan);
+  EXPECT_TRUE(stage_plan.ok()) << stage_plan.status();
+  // The job and plan must say exactly what the test asked for.
+  EXPECT_EQ(stage_plan->schedule.micro_batches_per_iteration,
+            sched.micro_batches_per_iteration);
+  EXPECT_EQ(stage_plan->schedule.max_in_flight, sched.max_in_flight);
+  EXPECT_EQ(stage_plan->schedule.kind, sched.kind);
   auto server = StartStoreServer();
   EXPECT_TRUE(server.ok());
   PipelineResult result;
@@ -88,58 +116,40 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   result.records.resize(world);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(world);
   std::vector<std::thread> threads;
-  for (int s = 0; s < sched.num_stages; ++s) {
-    for (int r = 0; r < sched.Replicas(s); ++r) {
-      const int rank = StageExecutor::RankOf(sched, s, r);
-      threads.emplace_back([&, s, r, rank] {
-        GlooTransportOptions t;
-        t.store_port = (*server)->port();
-        t.rank = rank;
-        t.world_size = world;
-        t.groups = groups;
-        t.timeout = absl::Seconds(60);
-        t.label = absl::StrCat("stage ", s);
-        auto transport = CreateGlooTransport(t);
-        if (!transport.ok()) {
-          result.statuses[rank] = transport.status();
-          return;
+  for (int rank = 0; rank < world; ++rank) {
+    auto [s, r] = stage_plan->StageOf(rank);
+    apapo::v1::AssignStage a;
+    a.set_job_id("harness");
+    *a.mutable_spec() = job;
+    *a.mutable_plan() = plan;
+    a.set_stage(s);
+    a.set_replica(r);
+    a.mutable_rendezvous()->set_rank(rank);
+    a.mutable_rendezvous()->set_world_size(world);
+    a.mutable_rendezvous()->set_store_port((*server)->port());
+    a.mutable_rendezvous()->mutable_timeout()->set_seconds(60);
+    threads.emplace_back([&, a, rank] {
+      StageRunHooks hooks;
+      hooks.data = &f.split;
+      hooks.configure = [&](ExecutorConfig* c) {
+        c->eval_every_epochs = 0;
+        c->record_backwards = record;
+      };
+      hooks.finished = [&](const StageExecutor& exec) {
+        result.reports[rank] = exec.Report();
+        result.records[rank] = exec.backward_records();
+        for (size_t i = 0; i < exec.parameters().size(); ++i) {
+          params[rank].push_back(
+              {exec.parameter_names()[i], exec.parameters()[i]});
         }
-        ExecutorConfig c;
-        c.graph = f.graph.get();
-        c.layouts = *layouts;
-        c.stage = s;
-        c.replica = r;
-        c.schedule = sched;
-        c.batch_size = kBatch;
-        c.optimizer = spec;
-        c.seed = kSeed;
-        c.epochs = 1;
-        c.max_steps = steps;
-        c.eval_every_epochs = 0;
-        c.record_backwards = record;
-        c.checkpoint = checkpoint;
-        c.weight_prediction = weight_prediction;
-        auto exec = StageExecutor::Create(c, transport->get(),
-                                          f.split.train.get(),
-                                          f.split.test.get());
-        if (!exec.ok()) {
-          result.statuses[rank] = exec.status();
-          return;
-        }
-        result.statuses[rank] = (*exec)->Run();
-        result.reports[rank] = (*exec)->Report();
-        result.records[rank] = (*exec)->backward_records();
-        for (size_t i = 0; i < (*exec)->parameters().size(); ++i) {
-          params[rank].push_back({(*exec)->parameter_names()[i],
-                                  (*exec)->parameters()[i]});
-        }
-      });
-    }
+      };
+      result.statuses[rank] = RunStage(a, nullptr, nullptr, hooks);
+    });
   }
   for (auto& t : threads) t.join();
   for (int s = 0; s < sched.num_stages; ++s) {
     for (int r = 0; r < sched.Replicas(s); ++r) {
-      for (auto& [name, p] : params[StageExecutor::RankOf(sched, s, r)]) {
+      for (auto& [name, p] : params[stage_plan->RankOf(s, r)]) {
         if (r == 0) {
           result.params[name] = p;
         } else {

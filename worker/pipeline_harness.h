@@ -1,6 +1,8 @@
 // Test harness for pipeline training: a pipeline of stages run as threads of
-// this process (each stage replica with its own Gloo process group over a
-// TCPStore on a free port) and the single-process training it must match.
+// this process, each through RunStage (worker/stage_runner.h, the path every
+// stage of a real job takes) with a JobSpec and Plan made from the test's
+// graph, schedule and data, and its own Gloo process group over a TCPStore
+// on a free port; and the single-process training it must match.
 // Shared by the stage executor's and the TorchScript model's tests.
 //
 // Thread-safety: each call runs to completion; calls share nothing.
@@ -57,6 +59,7 @@ struct PipelineResult {
 };
 
 // Runs a pipeline split by BalancedSplit with one thread per stage replica.
+// `sched.max_in_flight` > 0 reaches the stages as spec max_staleness + 1.
 PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
                            bool record = false,

@@ -939,28 +939,6 @@ const std::vector<BackwardRecord>& StageExecutor::backward_records() const {
 
 StageReport StageExecutor::Report() const { return impl_->Snapshot(); }
 
-void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* c) {
-  c->batch_size = spec.data().batch_size();
-  c->optimizer = spec.optimizer();
-  c->seed = spec.seed();
-  c->shuffle = spec.data().shuffle();
-  c->epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
-  c->max_steps = spec.limits().max_steps();
-  c->target_accuracy = spec.limits().target_accuracy();
-  c->eval_every_epochs =
-      spec.eval_every_epochs() > 0 ? spec.eval_every_epochs() : 1;
-  c->eval_batch_size = spec.data().eval_batch_size() > 0
-                           ? spec.data().eval_batch_size()
-                           : std::max(spec.data().batch_size(), 500);
-  c->checkpoint = spec.checkpoint();
-  c->weight_prediction = WeightPredictionRequested(spec);
-}
-
-bool WeightPredictionRequested(const apapo::v1::JobSpec& spec) {
-  return !spec.schedule().has_weight_prediction() ||
-         spec.schedule().weight_prediction();
-}
-
 void FillStageMetrics(const StageReport& r, int stage, int rank,
                       apapo::v1::StageMetrics* sm) {
   sm->set_stage(stage);

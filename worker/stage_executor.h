@@ -120,15 +120,6 @@ struct ExecutorConfig {
   std::vector<at::Tensor> initial_parameters;
 };
 
-// Fills the fields of `config` that come from the job spec alone: batch
-// size, optimizer, seed, shuffling, limits (no epoch limit means "until
-// max_steps"), evaluation cadence and batch, checkpointing.
-void ApplyJobSpec(const apapo::v1::JobSpec& spec, ExecutorConfig* config);
-
-// Whether an async run of `spec` predicts weights (ScheduleSpec.
-// weight_prediction; unset: yes). Other schedules never do.
-bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
-
 // One backward pass, recorded when ExecutorConfig::record_backwards is set.
 struct BackwardRecord {
   int64_t micro_batch = 0;  // global within the run

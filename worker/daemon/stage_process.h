@@ -1,5 +1,5 @@
-// The training side of one worker's part of a coordinator-run job: given the
-// AssignStage the coordinator sent (the whole Plan, this worker's stage and
+// The stage process of a worker: given the AssignStage the coordinator (or
+// `apapo-worker --local`) sent (the whole Plan, this worker's stage and
 // replica, the rendezvous), build the stage, join the job's Gloo process
 // group through the rendezvous TCPStore (bound to rendezvous.local_host, the
 // worker's --host) and train to the job's limits.
@@ -31,18 +31,13 @@
 
 namespace apapo::worker {
 
-// Progress reports are sent at most this often (plus one as soon as the
-// first optimizer step is done, and one after every evaluation).
-inline constexpr absl::Duration kStageReportInterval = absl::Seconds(1);
-
-// Trains the stage replica `a` assigns, following a.plan (stage node ids,
-// replicas per stage, schedule, micro-batches) and a.spec (model, data,
-// optimizer, limits); a.rendezvous gives rank, world size, store address,
-// key prefix and transfer timeout. Only the last stage's replica 0 has
-// progress to report while training (loss, accuracy); every stage fills
-// `final_metrics` at the end. MetricsReport.worker_id is left to the caller.
-// Errors name the stage ("stage 1 replica 0 (rank 1): ...") and the cause;
-// a plan that does not fit the model is INVALID_ARGUMENT.
+// Trains the stage replica `a` assigns: RunStage (worker/stage_runner.h),
+// the one path every stage runs through, without test hooks. Only the last
+// stage's replica 0 reports loss and accuracy while training; every stage
+// streams its counters and fills `final_metrics` at the end.
+// MetricsReport.worker_id is left to the caller. Errors name the stage
+// ("stage 1 replica 0 (rank 1): ...") and the cause; a plan that does not
+// fit the model is INVALID_ARGUMENT.
 absl::Status RunAssignment(
     const apapo::v1::AssignStage& a,
     std::function<void(const apapo::v1::MetricsReport&)> report,
