@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include "absl/strings/match.h"
+#include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
