@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"

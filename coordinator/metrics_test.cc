@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"

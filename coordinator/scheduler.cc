@@ -74,9 +74,22 @@ void Scheduler::Wake() {
 }
 
 void Scheduler::RunOnce() {
+  std::vector<PlanRequest> requests;
+  {
+    absl::MutexLock lock(&mu_);
+    CheckDeadlines();
+    requests = TakePlanRequests();
+  }
+  // The planner may search for seconds on a big model: it runs without mu_,
+  // so worker messages, lost workers and cancellations are served meanwhile.
+  // CommitPlan re-checks what they changed before anything is sent.
+  for (const PlanRequest& request : requests) {
+    absl::StatusOr<apapo::v1::Plan> plan =
+        planner_->MakePlan(request.spec, request.profile, request.cluster);
+    absl::MutexLock lock(&mu_);
+    CommitPlan(request, std::move(plan));
+  }
   absl::MutexLock lock(&mu_);
-  CheckDeadlines();
-  PlanReady();
   AdmitQueued();
 }
 
@@ -164,25 +177,31 @@ std::string Scheduler::HostOf(const std::string& worker_id) {
   return "127.0.0.1";
 }
 
-void Scheduler::PlanReady() {
-  std::vector<std::string> ready;
+std::vector<Scheduler::PlanRequest> Scheduler::TakePlanRequests() {
+  std::vector<PlanRequest> requests;
   for (auto& [id, a] : active_) {
-    if (a.phase == Phase::kProfiling && a.plan_ready) ready.push_back(id);
+    if (a.phase != Phase::kProfiling || !a.plan_ready) continue;
+    a.phase = Phase::kPlanning;
+    if (!jobs_->Transition(id, apapo::v1::JOB_STATE_PLANNING,
+                           "profiles in; planning").ok()) {
+      continue;  // ended meanwhile; its hook or deadline cleans up
+    }
+    a.plan_attempt = next_plan_attempt_++;
+    requests.push_back(MakePlanRequest(a));
   }
-  for (const std::string& id : ready) Plan(active_[id]);
+  return requests;
 }
 
-void Scheduler::Plan(ActiveJob& a) {
-  a.phase = Phase::kPlanning;
-  const std::string id = a.id;
-  if (!jobs_->Transition(id, apapo::v1::JOB_STATE_PLANNING,
-                         "profiles in; planning").ok()) {
-    return;
-  }
+Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
+  PlanRequest request;
+  request.job_id = a.id;
+  request.attempt = a.plan_attempt;
+  request.workers = a.workers;
+  request.spec = a.spec;
   // Cluster: reserved workers in order, speed relative to the first.
-  const apapo::v1::ModelProfile& profile = a.profiles[a.workers[0]].profile();
-  double reference = TotalCompute(profile);
-  apapo::v1::ClusterSpec cluster;
+  request.profile = a.profiles[a.workers[0]].profile();
+  double reference = TotalCompute(request.profile);
+  apapo::v1::ClusterSpec& cluster = request.cluster;
   double bandwidth = 0;  // the slowest measured link
   double latency = 0;    // the largest measured latency
   for (const std::string& w : a.workers) {
@@ -212,14 +231,49 @@ void Scheduler::Plan(ActiveJob& a) {
   level->set_latency_seconds(latency);
   if (bandwidth > 0) {
     jobs_->RecordEvent(
-             id, absl::StrFormat("links measured: %d, slowest %.3g GB/s, "
-                                 "latency up to %.3g ms",
-                                 cluster.links_size(), bandwidth / 1e9,
-                                 latency * 1e3))
+             a.id, absl::StrFormat("links measured: %d, slowest %.3g GB/s, "
+                                   "latency up to %.3g ms",
+                                   cluster.links_size(), bandwidth / 1e9,
+                                   latency * 1e3))
         .IgnoreError();
   }
+  return request;
+}
 
-  absl::StatusOr<apapo::v1::Plan> plan = planner_->MakePlan(a.spec, profile, cluster);
+void Scheduler::CommitPlan(const PlanRequest& request,
+                           absl::StatusOr<apapo::v1::Plan> plan) {
+  const std::string& id = request.job_id;
+  auto it = active_.find(id);
+  // Cancelled, failed by a lost worker, or planned again while the planner
+  // ran: the plan is for a job that no longer exists in that form.
+  if (it == active_.end() || it->second.plan_attempt != request.attempt ||
+      it->second.phase != Phase::kPlanning) {
+    return;
+  }
+  ActiveJob& a = it->second;
+  a.plan_attempt = 0;
+  if (a.workers != request.workers) {
+    // The plan places workers the job no longer holds: plan again once
+    // every worker it holds has profiled.
+    a.phase = Phase::kProfiling;
+    a.plan_ready = std::all_of(
+        a.workers.begin(), a.workers.end(),
+        [&](const std::string& w) { return a.profiles.count(w) > 0; });
+    dirty_ = true;
+    jobs_->RecordEvent(id, "workers changed while planning; planning again")
+        .IgnoreError();
+    return;
+  }
+  // Cancelled after the planner started, its hook not run yet: the hook
+  // stops the workers and forgets the job; nothing must be assigned.
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(id);
+  if (!job.ok() || job->state() != apapo::v1::JOB_STATE_PLANNING) return;
+  ApplyPlan(a, request, std::move(plan));
+}
+
+void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
+                          absl::StatusOr<apapo::v1::Plan> plan) {
+  const std::string id = a.id;
   if (!plan.ok()) {
     Finish(id, apapo::v1::JOB_STATE_FAILED,
            absl::StrCat("planning failed: ", plan.status().message()),
@@ -256,8 +310,8 @@ void Scheduler::Plan(ActiveJob& a) {
   a.plan = *plan;
   apapo::v1::GetPlanResponse stored;
   *stored.mutable_plan() = a.plan;
-  *stored.mutable_profile() = profile;
-  *stored.mutable_cluster() = cluster;
+  *stored.mutable_profile() = request.profile;
+  *stored.mutable_cluster() = request.cluster;
   jobs_->SetPlan(id, stored).IgnoreError();
   jobs_->RecordEvent(
            id, absl::StrFormat("planned %d stage(s) on %d worker(s): predicted "
@@ -518,7 +572,9 @@ void Scheduler::CheckDeadlines() {
   absl::Time now = clock_->Now();
   std::vector<std::string> late;
   for (const auto& [id, a] : active_) {
-    if (a.phase != Phase::kRunning && now > a.deadline) late.push_back(id);
+    // A plan being computed is not timed: it is checked when it comes back.
+    if (a.phase == Phase::kRunning || a.plan_attempt != 0) continue;
+    if (now > a.deadline) late.push_back(id);
   }
   for (const std::string& id : late) {
     const ActiveJob& a = active_[id];

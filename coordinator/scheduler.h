@@ -23,9 +23,16 @@
 // under mu_ and send non-blocking commands. Queue scans, planning and
 // deadlines run on the scheduler's own thread (Start/Stop).
 //
+// The Planner runs without mu_ held, on a copy of the job's profiles and
+// cluster, so events keep being served while it searches. Its plan is
+// applied only if the job is still the one it was computed for (still
+// planning, not cancelled or failed, same workers); otherwise it is
+// discarded, and the job re-planned if it merely holds other workers now.
+// A plan being computed has no deadline of its own.
+//
 // Thread-safety: all public methods are thread-safe. Lock order: mu_ before
 // the JobManager's and the registry's locks; neither calls back into the
-// scheduler while holding its own.
+// scheduler while holding its own. The Planner is never called under mu_.
 #ifndef APAPO_COORDINATOR_SCHEDULER_H_
 #define APAPO_COORDINATOR_SCHEDULER_H_
 
@@ -88,8 +95,11 @@ class Scheduler : public WorkerMessageListener {
                     const std::string& reason);
   void OnCancelled(const apapo::v1::Job& job);
 
-  // Runs one pass of queue admission, planning and deadline checks (the
-  // thread's body; tests call it directly).
+  // Runs one pass of deadline checks, planning of the jobs whose profiles
+  // are in, and queue admission (the thread's body; tests call it directly).
+  // Returns once those plans are applied or discarded. The planner runs
+  // without mu_; a job being planned is not planned again by a concurrent
+  // pass.
   void RunOnce();
 
  private:
@@ -111,6 +121,9 @@ class Scheduler : public WorkerMessageListener {
     int64_t profile_host_command = -1;  // rank 0's ProfileCommand id
     std::map<std::string, apapo::v1::ProfileResult> profiles;
     bool plan_ready = false;  // all profiles in; the thread plans
+    // Non-zero while the planner computes this job's plan: the attempt the
+    // result must match to be applied (PlanRequest::attempt).
+    int64_t plan_attempt = 0;
     apapo::v1::Plan plan;
     std::vector<Rank> ranks;
     std::map<int64_t, std::string> pending_assign;  // command id -> worker
@@ -120,10 +133,34 @@ class Scheduler : public WorkerMessageListener {
     std::map<std::string, apapo::v1::StageOutcome> outcomes;
   };
 
+  // What the planner needs for one job, copied out under mu_ so that it
+  // runs without the lock.
+  struct PlanRequest {
+    std::string job_id;
+    int64_t attempt = 0;               // ActiveJob::plan_attempt when taken
+    std::vector<std::string> workers;  // the job's workers when taken
+    apapo::v1::JobSpec spec;
+    apapo::v1::ModelProfile profile;
+    apapo::v1::ClusterSpec cluster;
+  };
+
   void AdmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PlanReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Plan(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every job whose profiles are in to PLANNING and returns what to
+  // plan for each.
+  std::vector<PlanRequest> TakePlanRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cluster the job's profiles describe (records the links measured).
+  PlanRequest MakePlanRequest(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the planner's answer if the job is still as `request` saw it;
+  // otherwise discards it (see the header comment).
+  void CommitPlan(const PlanRequest& request,
+                  absl::StatusOr<apapo::v1::Plan> plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the job on a planner error; otherwise records the plan, releases
+  // the workers it leaves out and assigns rank 0.
+  void ApplyPlan(ActiveJob& job, const PlanRequest& request,
+                 absl::StatusOr<apapo::v1::Plan> plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends job.profile to the worker of `rank` (an index into job.workers);
   // fails the job if that worker is gone.
   void SendProfile(ActiveJob& job, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -161,6 +198,7 @@ class Scheduler : public WorkerMessageListener {
   std::map<std::string, ActiveJob> active_ ABSL_GUARDED_BY(mu_);
   bool dirty_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_plan_attempt_ ABSL_GUARDED_BY(mu_) = 1;
   // Last "waiting for workers" note per queued job (recorded once each).
   std::map<std::string, std::string> wait_notes_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

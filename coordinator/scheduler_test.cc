@@ -1,6 +1,11 @@
 #include "coordinator/scheduler.h"
 
+#include <functional>
+#include <thread>
+
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -19,6 +24,10 @@ class FakePlanner : public planning::Planner {
       const apapo::v1::JobSpec&, const apapo::v1::ModelProfile& profile,
       const apapo::v1::ClusterSpec& cluster) override {
     seen_cluster = cluster;
+    if (gate != nullptr) {
+      entered.Notify();
+      gate->WaitForNotification();
+    }
     if (!error.ok()) return error;
     apapo::v1::Plan plan;
     plan.set_model(profile.model());
@@ -34,6 +43,37 @@ class FakePlanner : public planning::Planner {
   }
   absl::Status error;
   apapo::v1::ClusterSpec seen_cluster;
+  // When set, MakePlan notifies `entered` and blocks until `*gate` opens
+  // (one plan per test).
+  absl::Notification* gate = nullptr;
+  absl::Notification entered;
+};
+
+// How long a test waits for something that should happen at once.
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+// Runs `f` on a thread of its own, so a test can check with a deadline that
+// a call does not block. `unblock` runs before the join and frees whatever
+// `f` may be stuck on, so a failing test ends instead of hanging.
+class Background {
+ public:
+  Background(std::function<void()> f, std::function<void()> unblock)
+      : unblock_(std::move(unblock)), thread_([this, f] {
+          f();
+          done_.Notify();
+        }) {}
+  ~Background() {
+    unblock_();
+    thread_.join();
+  }
+  bool DoneWithin(absl::Duration timeout) {
+    return done_.WaitForNotificationWithTimeout(timeout);
+  }
+
+ private:
+  std::function<void()> unblock_;
+  absl::Notification done_;
+  std::thread thread_;
 };
 
 class SchedulerTest : public ::testing::Test {
@@ -149,6 +189,24 @@ class SchedulerTest : public ::testing::Test {
     return id;
   }
 
+  // Lets a gated FakePlanner return (idempotent).
+  void OpenGate() {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+  }
+
+  // Brings a job on w-1, w-2 to the point where its plan is computed next.
+  std::string ProfiledJob() {
+    AddWorker("w-1");
+    AddWorker("w-2");
+    std::string id = Submit(2);
+    scheduler_.RunOnce();
+    StartProfiling();
+    Profile("w-1", id, 1.0);
+    Profile("w-2", id, 1.0);
+    return id;
+  }
+
+  absl::Notification gate_;
   MemoryJobStore store_;
   FakeClock clock_;
   JobManager jobs_{&store_, &clock_};
@@ -397,6 +455,84 @@ TEST_F(SchedulerTest, LinkTestHostWithoutAPortFailsTheJob) {
   EXPECT_THAT(job->error(), HasSubstr("w-1 did not report the port"));
   EXPECT_TRUE(Next("w-2").has_stop());  // never a profile command
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+}
+
+TEST_F(SchedulerTest, EventsAreServedWhileThePlannerRuns) {
+  planner_.gate = &gate_;
+  std::string id = ProfiledJob();
+  AddWorker("w-3");
+  std::string other = Submit(1);
+  {
+    Background planning([&] { scheduler_.RunOnce(); }, [&] { OpenGate(); });
+    ASSERT_TRUE(planner_.entered.WaitForNotificationWithTimeout(kWait));
+    // Calls that take the scheduler's lock do not wait for the planner: a
+    // wake-up, a second pass that admits another job onto w-3, and a
+    // worker's message.
+    Background events(
+        [&] {
+          scheduler_.Wake();
+          scheduler_.RunOnce();
+          WorkerMessage ack;
+          ack.mutable_ack()->set_command_id(12345);
+          scheduler_.OnWorkerMessage("w-3", ack);
+        },
+        [&] { OpenGate(); });
+    EXPECT_TRUE(events.DoneWithin(kWait)) << "blocked behind the planner";
+    EXPECT_EQ(jobs_.Get(other)->state(), apapo::v1::JOB_STATE_PROFILING);
+    EXPECT_TRUE(Next("w-3").has_profile());
+    // The second pass did not plan the job again, nor assign anything yet.
+    EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+    EXPECT_FALSE(HasCommand("w-1"));
+    OpenGate();
+    EXPECT_TRUE(planning.DoneWithin(kWait));
+  }
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  EXPECT_EQ(a0.assign().job_id(), id);
+  EXPECT_EQ(a0.assign().rendezvous().rank(), 0);
+}
+
+TEST_F(SchedulerTest, CancelWhilePlanningDiscardsTheLatePlan) {
+  planner_.gate = &gate_;
+  std::string id = ProfiledJob();
+  {
+    Background planning([&] { scheduler_.RunOnce(); }, [&] { OpenGate(); });
+    ASSERT_TRUE(planner_.entered.WaitForNotificationWithTimeout(kWait));
+    Background cancel([&] { EXPECT_TRUE(jobs_.Cancel(id, "user").ok()); },
+                      [&] { OpenGate(); });
+    EXPECT_TRUE(cancel.DoneWithin(kWait)) << "blocked behind the planner";
+    EXPECT_TRUE(Next("w-1").has_stop());
+    EXPECT_TRUE(Next("w-2").has_stop());
+    OpenGate();
+    EXPECT_TRUE(planning.DoneWithin(kWait));
+  }
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_CANCELLED);
+  // The plan that came back after the cancel was not applied.
+  EXPECT_FALSE(HasCommand("w-1"));
+  EXPECT_FALSE(HasCommand("w-2"));
+  EXPECT_EQ(jobs_.GetPlan(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+}
+
+TEST_F(SchedulerTest, WorkerLostWhilePlanningFailsTheJobAndDiscardsThePlan) {
+  planner_.gate = &gate_;
+  std::string id = ProfiledJob();
+  {
+    Background planning([&] { scheduler_.RunOnce(); }, [&] { OpenGate(); });
+    ASSERT_TRUE(planner_.entered.WaitForNotificationWithTimeout(kWait));
+    Background lose(
+        [&] { registry_.Disconnect("w-2", sessions_["w-2"], "stream closed"); },
+        [&] { OpenGate(); });
+    EXPECT_TRUE(lose.DoneWithin(kWait)) << "blocked behind the planner";
+    OpenGate();
+    EXPECT_TRUE(planning.DoneWithin(kWait));
+  }
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "worker w-2 lost: stream closed");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  EXPECT_FALSE(HasCommand("w-1"));  // no assignment after the stop
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
 }
 
 }  // namespace

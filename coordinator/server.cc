@@ -19,6 +19,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator on a
+  // taken port would then bind it too and share its connections. Refuse.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   // Workers' streams carry metrics: allow messages larger than the 4 MB
   // default (profiles of big models, plans).

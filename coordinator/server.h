@@ -25,7 +25,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   // Binds `address` ("0.0.0.0:0" picks a free port) and starts serving.
-  // Returns the bound port. UNAVAILABLE if the address cannot be bound.
+  // Returns the bound port. UNAVAILABLE if the address cannot be bound,
+  // including when another server (even another gRPC one) holds the port.
   absl::StatusOr<int> Start(const std::string& address);
 
   // Blocks until Shutdown().

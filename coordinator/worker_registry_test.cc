@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
