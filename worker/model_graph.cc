@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace apapo {
 namespace worker {
@@ -182,11 +183,6 @@ class Attrs {
   const LayerNode& node_;
 };
 
-#define APAPO_ASSIGN_OR_RETURN(lhs, expr) \
-  auto lhs##_or = (expr);                 \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = *std::move(lhs##_or)
-
 // Attributes each kind accepts.
 const std::set<std::string>* AllowedAttrs(LayerKind kind) {
   static const auto* table = new std::map<int, std::set<std::string>>{
@@ -267,20 +263,14 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     }
     return absl::OkStatus();
   };
-#define RETURN_IF_ERROR(expr)            \
-  do {                                   \
-    absl::Status _s = (expr);            \
-    if (!_s.ok()) return _s;             \
-  } while (0)
-
   switch (n.kind()) {
     case apapo::v1::LAYER_KIND_INPUT: {
-      RETURN_IF_ERROR(need_inputs(0));
-      APAPO_ASSIGN_OR_RETURN(shape, a.Ints("shape", /*required=*/true));
+      APAPO_RETURN_IF_ERROR(need_inputs(0));
+      APAPO_ASSIGN_OR_RETURN(auto shape, a.Ints("shape", /*required=*/true));
       for (int64_t d : shape) {
         if (d < 1) return NodeError(n, "shape dimensions must be >= 1");
       }
-      APAPO_ASSIGN_OR_RETURN(dtype, a.String("dtype", "float32"));
+      APAPO_ASSIGN_OR_RETURN(auto dtype, a.String("dtype", "float32"));
       if (dtype != "float32" && dtype != "int64") {
         return NodeError(n, "dtype must be float32 or int64, got " + dtype);
       }
@@ -289,10 +279,10 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_LINEAR: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(out, a.Int("out_features", 0, true));
-      APAPO_ASSIGN_OR_RETURN(bias, a.Bool("bias", true));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_ASSIGN_OR_RETURN(auto out, a.Int("out_features", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto bias, a.Bool("bias", true));
       const Shape& s = in[0]->out_shape;
       if (s.empty()) return NodeError(n, "input has no feature dimension");
       if (out < 1) return NodeError(n, "out_features must be >= 1");
@@ -306,14 +296,14 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_CONV2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(out, a.Int("out_channels", 0, true));
-      APAPO_ASSIGN_OR_RETURN(k, a.Pair("kernel_size", 0, true));
-      APAPO_ASSIGN_OR_RETURN(st, a.Pair("stride", 1, false));
-      APAPO_ASSIGN_OR_RETURN(p, a.Pair("padding", 0, false));
-      APAPO_ASSIGN_OR_RETURN(bias, a.Bool("bias", true));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_rank(3));
+      APAPO_ASSIGN_OR_RETURN(auto out, a.Int("out_channels", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto k, a.Pair("kernel_size", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto st, a.Pair("stride", 1, false));
+      APAPO_ASSIGN_OR_RETURN(auto p, a.Pair("padding", 0, false));
+      APAPO_ASSIGN_OR_RETURN(auto bias, a.Bool("bias", true));
       const Shape& s = in[0]->out_shape;
       if (out < 1 || k.first < 1 || k.second < 1 || st.first < 1 ||
           st.second < 1) {
@@ -335,11 +325,11 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_BATCH_NORM2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(eps, a.Float("eps", 1e-5));
-      APAPO_ASSIGN_OR_RETURN(mom, a.Float("momentum", 0.1));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_rank(3));
+      APAPO_ASSIGN_OR_RETURN(auto eps, a.Float("eps", 1e-5));
+      APAPO_ASSIGN_OR_RETURN(auto mom, a.Float("momentum", 0.1));
       (void)eps;
       (void)mom;
       const int64_t c = in[0]->out_shape[0];
@@ -352,10 +342,10 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     case apapo::v1::LAYER_KIND_RELU:
     case apapo::v1::LAYER_KIND_GELU:
     case apapo::v1::LAYER_KIND_DROPOUT: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
       if (n.kind() == apapo::v1::LAYER_KIND_DROPOUT) {
-        APAPO_ASSIGN_OR_RETURN(p, a.Float("p", 0.5));
+        APAPO_ASSIGN_OR_RETURN(auto p, a.Float("p", 0.5));
         if (p < 0 || p >= 1) return NodeError(n, "p must be in [0, 1)");
       }
       info.out_shape = in[0]->out_shape;
@@ -364,12 +354,12 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     }
     case apapo::v1::LAYER_KIND_MAX_POOL2D:
     case apapo::v1::LAYER_KIND_AVG_POOL2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(k, a.Pair("kernel_size", 0, true));
-      APAPO_ASSIGN_OR_RETURN(st, a.Pair("stride", k.first, false));
-      APAPO_ASSIGN_OR_RETURN(p, a.Pair("padding", 0, false));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_rank(3));
+      APAPO_ASSIGN_OR_RETURN(auto k, a.Pair("kernel_size", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto st, a.Pair("stride", k.first, false));
+      APAPO_ASSIGN_OR_RETURN(auto p, a.Pair("padding", 0, false));
       if (k.first < 1 || st.first < 1) {
         return NodeError(n, "kernel_size and stride must be >= 1");
       }
@@ -385,10 +375,10 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(os, a.Ints("output_size", false));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_rank(3));
+      APAPO_ASSIGN_OR_RETURN(auto os, a.Ints("output_size", false));
       if (os.empty()) os = {1, 1};
       if (os.size() == 1) os.push_back(os[0]);
       if (os.size() != 2 || os[0] < 1 || os[1] < 1) {
@@ -399,8 +389,8 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_FLATTEN: {
-      RETURN_IF_ERROR(need_inputs(1));
-      APAPO_ASSIGN_OR_RETURN(start, a.Int("start_dim", 1));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_ASSIGN_OR_RETURN(auto start, a.Int("start_dim", 1));
       const Shape& s = in[0]->out_shape;
       // start_dim counts the batch dimension as 0, as torch.flatten does.
       if (start < 1 || start > static_cast<int64_t>(s.size())) {
@@ -417,7 +407,7 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     }
     case apapo::v1::LAYER_KIND_ADD: {
       if (in.size() < 2) return NodeError(n, "expects at least 2 inputs");
-      RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_float());
       for (size_t i = 1; i < in.size(); ++i) {
         if (in[i]->out_shape != in[0]->out_shape) {
           return ShapeMismatch(
@@ -433,8 +423,8 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     }
     case apapo::v1::LAYER_KIND_CONCAT: {
       if (in.empty()) return NodeError(n, "expects at least 1 input");
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(dim, a.Int("dim", 1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_ASSIGN_OR_RETURN(auto dim, a.Int("dim", 1));
       const Shape& s0 = in[0]->out_shape;
       if (dim < 1 || dim > static_cast<int64_t>(s0.size())) {
         return NodeError(n, absl::StrCat("dim ", dim, " out of range for ",
@@ -462,14 +452,14 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_EMBEDDING: {
-      RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
       if (in[0]->out_dtype != DType::kInt64) {
         return NodeError(n, absl::StrCat("input '", in[0]->id(),
                                          "' must be int64 token ids"));
       }
-      APAPO_ASSIGN_OR_RETURN(num, a.Int("num_embeddings", 0, true));
-      APAPO_ASSIGN_OR_RETURN(dim, a.Int("embedding_dim", 0, true));
-      APAPO_ASSIGN_OR_RETURN(maxpos, a.Int("max_positions", 0));
+      APAPO_ASSIGN_OR_RETURN(auto num, a.Int("num_embeddings", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto dim, a.Int("embedding_dim", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto maxpos, a.Int("max_positions", 0));
       if (num < 1 || dim < 1) {
         return NodeError(n, "num_embeddings and embedding_dim must be >= 1");
       }
@@ -493,10 +483,10 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_LAYER_NORM: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(ns, a.Ints("normalized_shape", false));
-      APAPO_ASSIGN_OR_RETURN(eps, a.Float("eps", 1e-5));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_ASSIGN_OR_RETURN(auto ns, a.Ints("normalized_shape", false));
+      APAPO_ASSIGN_OR_RETURN(auto eps, a.Float("eps", 1e-5));
       (void)eps;
       const Shape& s = in[0]->out_shape;
       if (s.empty()) return NodeError(n, "input has no dimension to normalise");
@@ -515,12 +505,12 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(2));
-      APAPO_ASSIGN_OR_RETURN(heads, a.Int("num_heads", 0, true));
-      APAPO_ASSIGN_OR_RETURN(ratio, a.Int("mlp_ratio", 4));
-      APAPO_ASSIGN_OR_RETURN(drop, a.Float("dropout", 0.0));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_rank(2));
+      APAPO_ASSIGN_OR_RETURN(auto heads, a.Int("num_heads", 0, true));
+      APAPO_ASSIGN_OR_RETURN(auto ratio, a.Int("mlp_ratio", 4));
+      APAPO_ASSIGN_OR_RETURN(auto drop, a.Float("dropout", 0.0));
       const int64_t t = in[0]->out_shape[0];
       const int64_t d = in[0]->out_shape[1];
       if (heads < 1 || d % heads != 0) {
@@ -550,8 +540,8 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
       return absl::OkStatus();
     }
     case apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_RETURN_IF_ERROR(need_float());
       const Shape& s = in[0]->out_shape;
       if (s.empty() || s.size() > 2) {
         return NodeError(n, absl::StrCat("expects logits [C] or [T, C], got ",
@@ -563,18 +553,18 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
     }
     case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD: {
       // Opaque: the importer ran the child and recorded what it found.
-      RETURN_IF_ERROR(need_inputs(1));
-      APAPO_ASSIGN_OR_RETURN(path, a.String("path", ""));
+      APAPO_RETURN_IF_ERROR(need_inputs(1));
+      APAPO_ASSIGN_OR_RETURN(auto path, a.String("path", ""));
       if (path.empty()) return NodeError(n, "missing required attribute 'path'");
-      APAPO_ASSIGN_OR_RETURN(index, a.Int("index", 0, /*required=*/true));
+      APAPO_ASSIGN_OR_RETURN(auto index, a.Int("index", 0, /*required=*/true));
       if (index < 0) return NodeError(n, "index must be >= 0");
-      APAPO_ASSIGN_OR_RETURN(out, a.Ints("out_shape", /*required=*/true));
-      APAPO_ASSIGN_OR_RETURN(dtype, a.String("dtype", "float32"));
+      APAPO_ASSIGN_OR_RETURN(auto out, a.Ints("out_shape", /*required=*/true));
+      APAPO_ASSIGN_OR_RETURN(auto dtype, a.String("dtype", "float32"));
       if (dtype != "float32" && dtype != "int64") {
         return NodeError(n, "dtype must be float32 or int64, got " + dtype);
       }
-      APAPO_ASSIGN_OR_RETURN(names, a.String("param_names", ""));
-      APAPO_ASSIGN_OR_RETURN(shapes, a.Ints("param_shapes", false));
+      APAPO_ASSIGN_OR_RETURN(auto names, a.String("param_names", ""));
+      APAPO_ASSIGN_OR_RETURN(auto shapes, a.Ints("param_shapes", false));
       // param_shapes: for each name, its rank followed by its dimensions.
       size_t pos = 0;
       for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
@@ -612,7 +602,6 @@ absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
           "node '", n.id(), "': unknown layer kind ",
           static_cast<int>(n.kind()), " (", KindName(n.kind()), ")"));
   }
-#undef RETURN_IF_ERROR
 }
 
 }  // namespace
@@ -807,7 +796,7 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
                                        const TorchScriptImporter& torchscript) {
   switch (spec.model().source_case()) {
     case apapo::v1::ModelSpec::kBuiltin: {
-      APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
+      APAPO_ASSIGN_OR_RETURN(auto data, DataShapeForJob(spec.data()));
       return BuiltinGraph(spec.model().builtin(), data);
     }
     case apapo::v1::ModelSpec::kGraph:
@@ -818,7 +807,7 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
             "spec.model.torchscript: this process was built without "
             "TorchScript support (no importer passed to GraphForJob)");
       }
-      APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
+      APAPO_ASSIGN_OR_RETURN(auto data, DataShapeForJob(spec.data()));
       return torchscript(spec.model().torchscript(), data);
     }
     default:
@@ -830,7 +819,7 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
     ModelGraph graph, const std::vector<std::pair<std::string, int>>& splits) {
   if (splits.empty()) return graph;
   // Shapes of the unsplit graph: the concat joins along the last dimension.
-  APAPO_ASSIGN_OR_RETURN(analyzed, AnalyzedGraph::Create(graph));
+  APAPO_ASSIGN_OR_RETURN(auto analyzed, AnalyzedGraph::Create(graph));
   std::set<std::string> done;
   for (const auto& [id, parts] : splits) {
     const std::string where = absl::StrCat("plan.splits '", id, "'");
@@ -881,8 +870,7 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
     }
   }
   // Validate the result (ids such as "<id>/0" must not collide).
-  APAPO_ASSIGN_OR_RETURN(check, AnalyzedGraph::Create(graph));
-  (void)check;
+  APAPO_RETURN_IF_ERROR(AnalyzedGraph::Create(graph).status());
   return graph;
 }
 
