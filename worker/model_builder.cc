@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -63,19 +64,254 @@ std::vector<int64_t> WithBatch(int64_t batch, const Shape& s) {
   return out;
 }
 
-}  // namespace
+// ---- kernels: one table entry per layer kind ----
 
-struct StageModel::Kernel {
-  const NodeInfo* info = nullptr;
-  std::vector<int> input_slots;  // indices into the stage's value table
-  int first_param = 0;           // offset into the stage's params
-  int num_params = 0;
-  // Kind-specific settings.
+// A node's kind-specific settings, read from its node once, at Create, by its
+// kind's Configure.
+struct KernelSettings {
   std::vector<int64_t> stride, padding, kernel, output_size, normalized_shape;
   int64_t dim = 1, heads = 1;
   double eps = 1e-5, momentum = 0.1, p = 0.0;
-  at::Tensor running_mean, running_var;
+  at::Tensor running_mean, running_var;           // BATCH_NORM2D only
   std::unique_ptr<TorchScriptChild> torchscript;  // TORCHSCRIPT_CHILD only
+};
+
+// What one node's forward reads, and where the loss leaves its results.
+struct KernelCall {
+  const at::Tensor& in(size_t i) const { return values[input_slots[i]]; }
+  size_t num_inputs() const { return input_slots.size(); }
+  const at::Tensor& w(size_t i) const { return params[i]; }
+  const at::Tensor& labels() const { return values[labels_slot]; }
+
+  const std::vector<at::Tensor>& values;  // the stage's value table
+  const std::vector<int>& input_slots;    // this node's inputs in `values`
+  at::ArrayRef<at::Tensor> params;        // this node's, in ParamInfo order
+  KernelSettings& settings;
+  bool training;
+  int labels_slot;
+  StageForward& out;
+};
+
+// How StageModel runs one kind. `configure` (null: nothing to read) fills the
+// settings once per node; `forward` computes the node's output, with a
+// leading micro-batch dimension, on every call.
+struct LayerKernel {
+  apapo::v1::LayerKind kind;
+  void (*configure)(const NodeInfo& info, KernelSettings& s);
+  at::Tensor (*forward)(const KernelCall& c);
+};
+
+at::Tensor InputForward(const KernelCall& c) {
+  return c.values[0];  // stage 0's data occupies slot 0
+}
+
+at::Tensor LinearForward(const KernelCall& c) {
+  return torch::linear(c.in(0), c.w(0),
+                       c.params.size() > 1 ? c.w(1) : at::Tensor());
+}
+
+void ConfigureConv2d(const NodeInfo& info, KernelSettings& s) {
+  s.stride = GetPair(*info.node, "stride", 1);
+  s.padding = GetPair(*info.node, "padding", 0);
+}
+at::Tensor Conv2dForward(const KernelCall& c) {
+  return torch::conv2d(c.in(0), c.w(0),
+                       c.params.size() > 1 ? c.w(1) : at::Tensor(),
+                       c.settings.stride, c.settings.padding);
+}
+
+void ConfigureBatchNorm2d(const NodeInfo& info, KernelSettings& s) {
+  s.eps = GetFloat(*info.node, "eps", 1e-5);
+  s.momentum = GetFloat(*info.node, "momentum", 0.1);
+  s.running_mean = torch::zeros({info.out_shape[0]});
+  s.running_var = torch::ones({info.out_shape[0]});
+}
+at::Tensor BatchNorm2dForward(const KernelCall& c) {
+  const KernelSettings& s = c.settings;
+  return torch::batch_norm(c.in(0), c.w(0), c.w(1), s.running_mean,
+                           s.running_var, c.training, s.momentum, s.eps,
+                           /*cudnn_enabled=*/false);
+}
+
+at::Tensor ReluForward(const KernelCall& c) { return torch::relu(c.in(0)); }
+
+at::Tensor GeluForward(const KernelCall& c) { return torch::gelu(c.in(0)); }
+
+// MAX_POOL2D and AVG_POOL2D: the stride defaults to the kernel size.
+void ConfigurePool2d(const NodeInfo& info, KernelSettings& s) {
+  s.kernel = GetPair(*info.node, "kernel_size", 1);
+  s.stride = GetPair(*info.node, "stride", s.kernel[0]);
+  s.padding = GetPair(*info.node, "padding", 0);
+}
+at::Tensor MaxPool2dForward(const KernelCall& c) {
+  return torch::max_pool2d(c.in(0), c.settings.kernel, c.settings.stride,
+                           c.settings.padding);
+}
+at::Tensor AvgPool2dForward(const KernelCall& c) {
+  return torch::avg_pool2d(c.in(0), c.settings.kernel, c.settings.stride,
+                           c.settings.padding);
+}
+
+void ConfigureAdaptiveAvgPool2d(const NodeInfo& info, KernelSettings& s) {
+  s.output_size = {info.out_shape[1], info.out_shape[2]};
+}
+at::Tensor AdaptiveAvgPool2dForward(const KernelCall& c) {
+  return torch::adaptive_avg_pool2d(c.in(0), c.settings.output_size);
+}
+
+void ConfigureFlatten(const NodeInfo& info, KernelSettings& s) {
+  s.dim = GetInt(*info.node, "start_dim", 1);
+}
+at::Tensor FlattenForward(const KernelCall& c) {
+  return c.in(0).flatten(c.settings.dim);
+}
+
+void ConfigureDropout(const NodeInfo& info, KernelSettings& s) {
+  s.p = GetFloat(*info.node, "p", 0.5);
+}
+at::Tensor DropoutForward(const KernelCall& c) {
+  return torch::dropout(c.in(0), c.settings.p, c.training);
+}
+
+at::Tensor AddForward(const KernelCall& c) {
+  at::Tensor y = c.in(0);
+  for (size_t i = 1; i < c.num_inputs(); ++i) y = y + c.in(i);
+  return y;
+}
+
+void ConfigureConcat(const NodeInfo& info, KernelSettings& s) {
+  s.dim = GetInt(*info.node, "dim", 1);
+}
+at::Tensor ConcatForward(const KernelCall& c) {
+  std::vector<at::Tensor> xs;
+  for (size_t i = 0; i < c.num_inputs(); ++i) xs.push_back(c.in(i));
+  return torch::cat(xs, c.settings.dim);
+}
+
+// The optional second parameter is the learned positional embedding.
+at::Tensor EmbeddingForward(const KernelCall& c) {
+  at::Tensor y = torch::embedding(c.w(0), c.in(0));
+  if (c.params.size() > 1) y = y + c.w(1).narrow(0, 0, c.in(0).size(1));
+  return y;
+}
+
+void ConfigureLayerNorm(const NodeInfo& info, KernelSettings& s) {
+  s.eps = GetFloat(*info.node, "eps", 1e-5);
+  s.normalized_shape = info.params[0].shape;
+}
+at::Tensor LayerNormForward(const KernelCall& c) {
+  return torch::layer_norm(c.in(0), c.settings.normalized_shape, c.w(0),
+                           c.w(1), c.settings.eps);
+}
+
+void ConfigureTransformerBlock(const NodeInfo& info, KernelSettings& s) {
+  s.heads = GetInt(*info.node, "num_heads", 1);
+  s.p = GetFloat(*info.node, "dropout", 0.0);
+}
+// Pre-norm GPT block: x + attn(ln1(x)); x + mlp(ln2(x)). Parameters in the
+// order model_graph's inference lists them (ln1, qkv, proj, ln2, fc1, fc2).
+at::Tensor TransformerBlockForward(const KernelCall& c) {
+  const int64_t heads = c.settings.heads;
+  const double p = c.settings.p;
+  const at::Tensor& x = c.in(0);
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+  const int64_t dh = d / heads;
+  at::Tensor h = torch::layer_norm(x, {d}, c.w(0), c.w(1));
+  auto qkv = torch::linear(h, c.w(2), c.w(3)).chunk(3, -1);
+  auto split_heads = [&](const at::Tensor& z) {
+    return z.view({b, t, heads, dh}).transpose(1, 2);
+  };
+  at::Tensor q = split_heads(qkv[0]), kk = split_heads(qkv[1]),
+             v = split_heads(qkv[2]);
+  at::Tensor att =
+      torch::matmul(q, kk.transpose(-2, -1)) / std::sqrt(double(dh));
+  at::Tensor mask = torch::ones({t, t}, torch::kBool).triu(1);
+  att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  att = torch::dropout(torch::softmax(att, -1), p, c.training);
+  at::Tensor a = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+  at::Tensor x1 =
+      x + torch::dropout(torch::linear(a, c.w(4), c.w(5)), p, c.training);
+  at::Tensor h2 = torch::layer_norm(x1, {d}, c.w(6), c.w(7));
+  at::Tensor mlp = torch::linear(
+      torch::gelu(torch::linear(h2, c.w(8), c.w(9))), c.w(10), c.w(11));
+  return x1 + torch::dropout(mlp, p, c.training);
+}
+
+// The module itself is loaded by StageModel::Create, all of a stage's
+// children at once (LoadTorchScriptChildren).
+at::Tensor TorchScriptChildForward(const KernelCall& c) {
+  return c.settings.torchscript->Forward(c.in(0), c.params, c.training);
+}
+
+// Mean cross-entropy over every prediction of the micro-batch; the logits and
+// labels go to the caller for accuracy.
+at::Tensor CrossEntropyLossForward(const KernelCall& c) {
+  const at::Tensor& logits = c.in(0);
+  const at::Tensor& labels = c.labels();
+  const int64_t classes = logits.size(-1);
+  c.out.loss = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, classes}), labels.reshape({-1}));
+  c.out.logits = logits;
+  c.out.labels = labels;
+  return c.out.loss;
+}
+
+// One entry per kind; the only place the builder lists kinds. A kind that
+// model_graph's table (layer_kinds.cc) knows must have one here
+// (model_builder_test checks).
+const std::vector<LayerKernel>& KernelTable() {
+  static const auto* table = new std::vector<LayerKernel>{
+      {apapo::v1::LAYER_KIND_INPUT, nullptr, &InputForward},
+      {apapo::v1::LAYER_KIND_LINEAR, nullptr, &LinearForward},
+      {apapo::v1::LAYER_KIND_CONV2D, &ConfigureConv2d, &Conv2dForward},
+      {apapo::v1::LAYER_KIND_BATCH_NORM2D, &ConfigureBatchNorm2d,
+       &BatchNorm2dForward},
+      {apapo::v1::LAYER_KIND_RELU, nullptr, &ReluForward},
+      {apapo::v1::LAYER_KIND_GELU, nullptr, &GeluForward},
+      {apapo::v1::LAYER_KIND_MAX_POOL2D, &ConfigurePool2d, &MaxPool2dForward},
+      {apapo::v1::LAYER_KIND_AVG_POOL2D, &ConfigurePool2d, &AvgPool2dForward},
+      {apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D, &ConfigureAdaptiveAvgPool2d,
+       &AdaptiveAvgPool2dForward},
+      {apapo::v1::LAYER_KIND_FLATTEN, &ConfigureFlatten, &FlattenForward},
+      {apapo::v1::LAYER_KIND_DROPOUT, &ConfigureDropout, &DropoutForward},
+      {apapo::v1::LAYER_KIND_ADD, nullptr, &AddForward},
+      {apapo::v1::LAYER_KIND_CONCAT, &ConfigureConcat, &ConcatForward},
+      {apapo::v1::LAYER_KIND_EMBEDDING, nullptr, &EmbeddingForward},
+      {apapo::v1::LAYER_KIND_LAYER_NORM, &ConfigureLayerNorm,
+       &LayerNormForward},
+      {apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK, &ConfigureTransformerBlock,
+       &TransformerBlockForward},
+      {apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS, nullptr,
+       &CrossEntropyLossForward},
+      {apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD, nullptr,
+       &TorchScriptChildForward},
+  };
+  return *table;
+}
+
+const LayerKernel* FindKernel(apapo::v1::LayerKind kind) {
+  for (const LayerKernel& k : KernelTable()) {
+    if (k.kind == kind) return &k;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<apapo::v1::LayerKind> KernelLayerKinds() {
+  std::vector<apapo::v1::LayerKind> kinds;
+  for (const LayerKernel& k : KernelTable()) kinds.push_back(k.kind);
+  return kinds;
+}
+
+struct StageModel::Kernel {
+  const NodeInfo* info = nullptr;
+  // Null when the builder has no kernel for the kind: Forward then fails.
+  const LayerKernel* layer = nullptr;
+  std::vector<int> input_slots;  // indices into the stage's value table
+  int first_param = 0;           // offset into the stage's params
+  int num_params = 0;
+  KernelSettings settings;
 };
 
 StageModel::StageModel(const AnalyzedGraph& graph, StageLayout layout)
@@ -116,47 +352,9 @@ absl::StatusOr<std::unique_ptr<StageModel>> StageModel::Create(
     for (const ParamInfo& p : info.params) {
       m->param_names_.push_back(absl::StrCat(info.id(), ".", p.name));
     }
-    const LayerNode& n = *info.node;
-    switch (info.kind()) {
-      case apapo::v1::LAYER_KIND_CONV2D:
-        kernel->stride = GetPair(n, "stride", 1);
-        kernel->padding = GetPair(n, "padding", 0);
-        break;
-      case apapo::v1::LAYER_KIND_MAX_POOL2D:
-      case apapo::v1::LAYER_KIND_AVG_POOL2D: {
-        kernel->kernel = GetPair(n, "kernel_size", 1);
-        kernel->stride = GetPair(n, "stride", kernel->kernel[0]);
-        kernel->padding = GetPair(n, "padding", 0);
-        break;
-      }
-      case apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D:
-        kernel->output_size = {info.out_shape[1], info.out_shape[2]};
-        break;
-      case apapo::v1::LAYER_KIND_BATCH_NORM2D:
-        kernel->eps = GetFloat(n, "eps", 1e-5);
-        kernel->momentum = GetFloat(n, "momentum", 0.1);
-        kernel->running_mean = torch::zeros({info.out_shape[0]});
-        kernel->running_var = torch::ones({info.out_shape[0]});
-        break;
-      case apapo::v1::LAYER_KIND_FLATTEN:
-        kernel->dim = GetInt(n, "start_dim", 1);
-        break;
-      case apapo::v1::LAYER_KIND_DROPOUT:
-        kernel->p = GetFloat(n, "p", 0.5);
-        break;
-      case apapo::v1::LAYER_KIND_CONCAT:
-        kernel->dim = GetInt(n, "dim", 1);
-        break;
-      case apapo::v1::LAYER_KIND_LAYER_NORM:
-        kernel->eps = GetFloat(n, "eps", 1e-5);
-        kernel->normalized_shape = info.params[0].shape;
-        break;
-      case apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK:
-        kernel->heads = GetInt(n, "num_heads", 1);
-        kernel->p = GetFloat(n, "dropout", 0.0);
-        break;
-      default:
-        break;
+    kernel->layer = FindKernel(info.kind());
+    if (kernel->layer != nullptr && kernel->layer->configure != nullptr) {
+      kernel->layer->configure(info, kernel->settings);
     }
     slot[info.id()] = next_slot++;
     m->kernels_.push_back(std::move(kernel));
@@ -177,7 +375,7 @@ absl::StatusOr<std::unique_ptr<StageModel>> StageModel::Create(
     size_t next = 0;
     for (auto& k : m->kernels_) {
       if (k->info->kind() == apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD) {
-        k->torchscript = std::move((*loaded)[next++]);
+        k->settings.torchscript = std::move((*loaded)[next++]);
       }
     }
   }
@@ -202,9 +400,9 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& k : kernels_) {
-    if (k->torchscript) {
+    if (k->settings.torchscript) {
       // The values saved in the file, whatever the seed.
-      for (at::Tensor& t : k->torchscript->InitialParameters()) {
+      for (at::Tensor& t : k->settings.torchscript->InitialParameters()) {
         params.push_back(std::move(t));
       }
       continue;
@@ -227,12 +425,13 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
 std::vector<at::Tensor> StageModel::Buffers() const {
   std::vector<at::Tensor> out;
   for (const auto& k : kernels_) {
-    if (k->running_mean.defined()) {
-      out.push_back(k->running_mean);
-      out.push_back(k->running_var);
+    const KernelSettings& s = k->settings;
+    if (s.running_mean.defined()) {
+      out.push_back(s.running_mean);
+      out.push_back(s.running_var);
     }
-    if (k->torchscript) {
-      for (const at::Tensor& b : k->torchscript->Buffers()) out.push_back(b);
+    if (s.torchscript) {
+      for (const at::Tensor& b : s.torchscript->Buffers()) out.push_back(b);
     }
   }
   return out;
@@ -262,119 +461,22 @@ absl::StatusOr<StageForward> StageModel::Forward(
     for (const auto& kp : kernels_) {
       current = kp.get();
       Kernel& k = *kp;
-      auto in = [&](int i) -> const at::Tensor& {
-        return values[k.input_slots[i]];
-      };
-      auto w = [&](int i) -> const at::Tensor& {
-        return params[k.first_param + i];
-      };
-      at::Tensor y;
-      switch (k.info->kind()) {
-        case apapo::v1::LAYER_KIND_INPUT:
-          y = values[0];  // stage 0's data occupies slot 0
-          break;
-        case apapo::v1::LAYER_KIND_LINEAR:
-          y = torch::linear(in(0), w(0),
-                            k.num_params > 1 ? w(1) : at::Tensor());
-          break;
-        case apapo::v1::LAYER_KIND_CONV2D:
-          y = torch::conv2d(in(0), w(0),
-                            k.num_params > 1 ? w(1) : at::Tensor(), k.stride,
-                            k.padding);
-          break;
-        case apapo::v1::LAYER_KIND_BATCH_NORM2D:
-          y = torch::batch_norm(in(0), w(0), w(1), k.running_mean,
-                                k.running_var, training, k.momentum, k.eps,
-                                /*cudnn_enabled=*/false);
-          break;
-        case apapo::v1::LAYER_KIND_RELU:
-          y = torch::relu(in(0));
-          break;
-        case apapo::v1::LAYER_KIND_GELU:
-          y = torch::gelu(in(0));
-          break;
-        case apapo::v1::LAYER_KIND_MAX_POOL2D:
-          y = torch::max_pool2d(in(0), k.kernel, k.stride, k.padding);
-          break;
-        case apapo::v1::LAYER_KIND_AVG_POOL2D:
-          y = torch::avg_pool2d(in(0), k.kernel, k.stride, k.padding);
-          break;
-        case apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D:
-          y = torch::adaptive_avg_pool2d(in(0), k.output_size);
-          break;
-        case apapo::v1::LAYER_KIND_FLATTEN:
-          y = in(0).flatten(k.dim);
-          break;
-        case apapo::v1::LAYER_KIND_DROPOUT:
-          y = torch::dropout(in(0), k.p, training);
-          break;
-        case apapo::v1::LAYER_KIND_ADD:
-          y = in(0);
-          for (size_t i = 1; i < k.input_slots.size(); ++i) y = y + in(i);
-          break;
-        case apapo::v1::LAYER_KIND_CONCAT: {
-          std::vector<at::Tensor> xs;
-          for (size_t i = 0; i < k.input_slots.size(); ++i) xs.push_back(in(i));
-          y = torch::cat(xs, k.dim);
-          break;
-        }
-        case apapo::v1::LAYER_KIND_EMBEDDING:
-          y = torch::embedding(w(0), in(0));
-          if (k.num_params > 1) {
-            y = y + w(1).narrow(0, 0, in(0).size(1));
-          }
-          break;
-        case apapo::v1::LAYER_KIND_LAYER_NORM:
-          y = torch::layer_norm(in(0), k.normalized_shape, w(0), w(1), k.eps);
-          break;
-        case apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK: {
-          // Pre-norm GPT block: x + attn(ln1(x)); x + mlp(ln2(x)).
-          const at::Tensor& x = in(0);
-          const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-          const int64_t dh = d / k.heads;
-          at::Tensor h = torch::layer_norm(x, {d}, w(0), w(1));
-          auto qkv = torch::linear(h, w(2), w(3)).chunk(3, -1);
-          auto heads = [&](const at::Tensor& z) {
-            return z.view({b, t, k.heads, dh}).transpose(1, 2);
-          };
-          at::Tensor q = heads(qkv[0]), kk = heads(qkv[1]), v = heads(qkv[2]);
-          at::Tensor att =
-              torch::matmul(q, kk.transpose(-2, -1)) / std::sqrt(double(dh));
-          at::Tensor mask = torch::ones({t, t}, torch::kBool).triu(1);
-          att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
-          att = torch::dropout(torch::softmax(att, -1), k.p, training);
-          at::Tensor a = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
-          at::Tensor x1 =
-              x + torch::dropout(torch::linear(a, w(4), w(5)), k.p, training);
-          at::Tensor h2 = torch::layer_norm(x1, {d}, w(6), w(7));
-          at::Tensor mlp = torch::linear(
-              torch::gelu(torch::linear(h2, w(8), w(9))), w(10), w(11));
-          y = x1 + torch::dropout(mlp, k.p, training);
-          break;
-        }
-        case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD:
-          y = k.torchscript->Forward(
-              in(0),
-              at::ArrayRef<at::Tensor>(params.data() + k.first_param,
-                                       k.num_params),
-              training);
-          break;
-        case apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS: {
-          const at::Tensor& logits = in(0);
-          const at::Tensor& labels = values[labels_slot_];
-          const int64_t c = logits.size(-1);
-          out.loss = torch::nn::functional::cross_entropy(
-              logits.reshape({-1, c}), labels.reshape({-1}));
-          out.logits = logits;
-          out.labels = labels;
-          y = out.loss;
-          break;
-        }
-        default:
-          return absl::UnimplementedError(absl::StrCat(
-              "stage ", layout_.index, ": node '", k.info->id(),
-              "' has no kernel for ", apapo::v1::LayerKind_Name(k.info->kind())));
+      if (k.layer == nullptr) {
+        return absl::UnimplementedError(absl::StrCat(
+            "stage ", layout_.index, ": node '", k.info->id(),
+            "' has no kernel for ", apapo::v1::LayerKind_Name(k.info->kind())));
       }
+      const KernelCall call{
+          values,
+          k.input_slots,
+          at::ArrayRef<at::Tensor>(params.data() + k.first_param,
+                                   k.num_params),
+          k.settings,
+          training,
+          labels_slot_,
+          out};
+      at::Tensor y = k.layer->forward(call);
+      // The loss is one scalar for the whole micro-batch.
       const auto want = WithBatch(batch, k.info->out_shape);
       if (k.info->kind() != apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS &&
           y.sizes() != at::IntArrayRef(want)) {

@@ -1,6 +1,11 @@
 // Turns the nodes of one pipeline stage (an AnalyzedGraph plus a StageLayout)
 // into LibTorch computations.
 //
+// Each layer kind's kernel (the settings it reads from its node once, and its
+// forward computation) is one entry of a table in model_builder.cc; a new
+// kind adds its entry there next to the graph library's (layer_kinds.h), and
+// model_builder_test fails while either table lacks a kind the other has.
+//
 // Parameters are NOT owned by the model: Forward() takes them as an explicit
 // list of tensors. That is what makes weight stashing exact and cheap: a
 // weight version is just a std::vector<at::Tensor>, an in-flight micro-batch
@@ -83,6 +88,10 @@ class StageModel {
   std::vector<int> output_slots_;  // value-table index of each output entry
   int labels_slot_ = -1;           // value-table index of the labels
 };
+
+// The kinds StageModel has a kernel for, in table order (for the test that
+// keeps this table and the graph library's in step).
+std::vector<apapo::v1::LayerKind> KernelLayerKinds();
 
 // Number of correct top-1 predictions of `logits` ([N, C] or [N, T, C])
 // against `labels` (first `valid` rows only; -1 = all), and the number of

@@ -1,7 +1,6 @@
 #include "worker/model_graph.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <queue>
 #include <set>
@@ -10,7 +9,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "worker/layer_kinds.h"
 
 namespace apapo {
 namespace worker {
@@ -20,12 +20,6 @@ using apapo::v1::AttrValue;
 using apapo::v1::LayerKind;
 using apapo::v1::LayerNode;
 using apapo::v1::ModelGraph;
-
-int64_t Numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
 
 std::string KindName(LayerKind kind) {
   return apapo::v1::LayerKind_Name(kind);
@@ -88,531 +82,6 @@ LayerNode* AddInput(GraphBuilder& b, const DataShape& data) {
   (*in->mutable_attrs())["dtype"].set_s(
       data.sample_dtype == DType::kInt64 ? "int64" : "float32");
   return in;
-}
-
-// ---- attribute access with defaults and checks ----
-
-class Attrs {
- public:
-  explicit Attrs(const LayerNode& node) : node_(node) {}
-
-  absl::StatusOr<int64_t> Int(const std::string& key, int64_t def,
-                              bool required = false) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) {
-      if (required) return Missing(key);
-      return def;
-    }
-    if (it->second.value_case() == AttrValue::kI) return it->second.i();
-    if (it->second.value_case() == AttrValue::kInts &&
-        it->second.ints().values_size() >= 1) {
-      return it->second.ints().values(0);
-    }
-    return Bad(key, "an integer");
-  }
-  // An int or an [a, b] pair; returns {a, b}.
-  absl::StatusOr<std::pair<int64_t, int64_t>> Pair(const std::string& key,
-                                                   int64_t def,
-                                                   bool required) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) {
-      if (required) return Missing(key);
-      return std::make_pair(def, def);
-    }
-    if (it->second.value_case() == AttrValue::kI) {
-      return std::make_pair(it->second.i(), it->second.i());
-    }
-    if (it->second.value_case() == AttrValue::kInts) {
-      const auto& v = it->second.ints().values();
-      if (v.size() == 1) return std::make_pair(v[0], v[0]);
-      if (v.size() == 2) return std::make_pair(v[0], v[1]);
-    }
-    return Bad(key, "an integer or a list of two integers");
-  }
-  absl::StatusOr<double> Float(const std::string& key, double def) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) return def;
-    if (it->second.value_case() == AttrValue::kF) return it->second.f();
-    if (it->second.value_case() == AttrValue::kI) {
-      return static_cast<double>(it->second.i());
-    }
-    return Bad(key, "a number");
-  }
-  absl::StatusOr<bool> Bool(const std::string& key, bool def) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) return def;
-    if (it->second.value_case() == AttrValue::kB) return it->second.b();
-    return Bad(key, "a bool");
-  }
-  absl::StatusOr<std::vector<int64_t>> Ints(const std::string& key,
-                                            bool required) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) {
-      if (required) return Missing(key);
-      return std::vector<int64_t>{};
-    }
-    if (it->second.value_case() == AttrValue::kInts) {
-      return std::vector<int64_t>(it->second.ints().values().begin(),
-                                  it->second.ints().values().end());
-    }
-    if (it->second.value_case() == AttrValue::kI) {
-      return std::vector<int64_t>{it->second.i()};
-    }
-    return Bad(key, "a list of integers");
-  }
-  absl::StatusOr<std::string> String(const std::string& key,
-                                     const std::string& def) const {
-    auto it = node_.attrs().find(key);
-    if (it == node_.attrs().end()) return def;
-    if (it->second.value_case() == AttrValue::kS) return it->second.s();
-    return Bad(key, "a string");
-  }
-
- private:
-  absl::Status Missing(const std::string& key) const {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node '", node_.id(), "' (", KindName(node_.kind()),
-        "): missing required attribute '", key, "'"));
-  }
-  absl::Status Bad(const std::string& key, const std::string& what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("node '", node_.id(), "' (", KindName(node_.kind()),
-                     "): attribute '", key, "' must be ", what));
-  }
-  const LayerNode& node_;
-};
-
-#define APAPO_ASSIGN_OR_RETURN(lhs, expr) \
-  auto lhs##_or = (expr);                 \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = *std::move(lhs##_or)
-
-// Attributes each kind accepts.
-const std::set<std::string>* AllowedAttrs(LayerKind kind) {
-  static const auto* table = new std::map<int, std::set<std::string>>{
-      {apapo::v1::LAYER_KIND_INPUT, {"shape", "dtype"}},
-      {apapo::v1::LAYER_KIND_LINEAR, {"out_features", "bias"}},
-      {apapo::v1::LAYER_KIND_CONV2D,
-       {"out_channels", "kernel_size", "stride", "padding", "bias"}},
-      {apapo::v1::LAYER_KIND_BATCH_NORM2D, {"eps", "momentum"}},
-      {apapo::v1::LAYER_KIND_RELU, {}},
-      {apapo::v1::LAYER_KIND_GELU, {}},
-      {apapo::v1::LAYER_KIND_MAX_POOL2D, {"kernel_size", "stride", "padding"}},
-      {apapo::v1::LAYER_KIND_AVG_POOL2D, {"kernel_size", "stride", "padding"}},
-      {apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D, {"output_size"}},
-      {apapo::v1::LAYER_KIND_FLATTEN, {"start_dim"}},
-      {apapo::v1::LAYER_KIND_DROPOUT, {"p"}},
-      {apapo::v1::LAYER_KIND_ADD, {}},
-      {apapo::v1::LAYER_KIND_CONCAT, {"dim"}},
-      // max_positions: adds a learned positional embedding (for LMs).
-      {apapo::v1::LAYER_KIND_EMBEDDING,
-       {"num_embeddings", "embedding_dim", "max_positions"}},
-      {apapo::v1::LAYER_KIND_LAYER_NORM, {"normalized_shape", "eps"}},
-      {apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK,
-       {"num_heads", "mlp_ratio", "dropout"}},
-      {apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS, {}},
-      // Written by TorchScriptGraph (torchscript_model.h), not by hand.
-      {apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD,
-       {"path", "index", "out_shape", "dtype", "param_names",
-        "param_shapes"}},
-  };
-  auto it = table->find(kind);
-  return it == table->end() ? nullptr : &it->second;
-}
-
-absl::Status NodeError(const LayerNode& n, const std::string& msg) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "node '", n.id(), "' (", KindName(n.kind()), "): ", msg));
-}
-
-absl::Status ShapeMismatch(const LayerNode& n, const std::string& what,
-                           const Shape& got, const Shape& want) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "shape mismatch at node '", n.id(), "' (", KindName(n.kind()), "): ",
-      what, ": got ", ShapeToString(got), ", expected ", ShapeToString(want)));
-}
-
-int64_t PoolOut(int64_t in, int64_t k, int64_t s, int64_t p) {
-  return (in + 2 * p - k) / s + 1;
-}
-
-// Infers out_shape/out_dtype/params/cost of `info` from its inputs.
-absl::Status InferNode(NodeInfo& info, const std::vector<NodeInfo>& nodes) {
-  const LayerNode& n = *info.node;
-  const Attrs a(n);
-  std::vector<const NodeInfo*> in;
-  for (int i : info.inputs) in.push_back(&nodes[i]);
-  auto need_inputs = [&](size_t count) -> absl::Status {
-    if (in.size() != count) {
-      return NodeError(n, absl::StrCat("expects ", count, " input(s), got ",
-                                       in.size()));
-    }
-    return absl::OkStatus();
-  };
-  auto need_float = [&]() -> absl::Status {
-    for (const NodeInfo* i : in) {
-      if (i->out_dtype != DType::kFloat32) {
-        return NodeError(n, absl::StrCat("input '", i->id(),
-                                         "' is int64; this kind needs float32"));
-      }
-    }
-    return absl::OkStatus();
-  };
-  auto need_rank = [&](size_t rank) -> absl::Status {
-    if (in[0]->out_shape.size() != rank) {
-      return NodeError(
-          n, absl::StrCat("expects a rank-", rank, " sample (e.g. [C, H, W])",
-                          ", got ", ShapeToString(in[0]->out_shape),
-                          " from '", in[0]->id(), "'"));
-    }
-    return absl::OkStatus();
-  };
-#define RETURN_IF_ERROR(expr)            \
-  do {                                   \
-    absl::Status _s = (expr);            \
-    if (!_s.ok()) return _s;             \
-  } while (0)
-
-  switch (n.kind()) {
-    case apapo::v1::LAYER_KIND_INPUT: {
-      RETURN_IF_ERROR(need_inputs(0));
-      APAPO_ASSIGN_OR_RETURN(shape, a.Ints("shape", /*required=*/true));
-      for (int64_t d : shape) {
-        if (d < 1) return NodeError(n, "shape dimensions must be >= 1");
-      }
-      APAPO_ASSIGN_OR_RETURN(dtype, a.String("dtype", "float32"));
-      if (dtype != "float32" && dtype != "int64") {
-        return NodeError(n, "dtype must be float32 or int64, got " + dtype);
-      }
-      info.out_shape = shape;
-      info.out_dtype = dtype == "int64" ? DType::kInt64 : DType::kFloat32;
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_LINEAR: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(out, a.Int("out_features", 0, true));
-      APAPO_ASSIGN_OR_RETURN(bias, a.Bool("bias", true));
-      const Shape& s = in[0]->out_shape;
-      if (s.empty()) return NodeError(n, "input has no feature dimension");
-      if (out < 1) return NodeError(n, "out_features must be >= 1");
-      const int64_t fan_in = s.back();
-      info.out_shape = s;
-      info.out_shape.back() = out;
-      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-      info.params.push_back({"weight", {out, fan_in}, bound, 0});
-      if (bias) info.params.push_back({"bias", {out}, bound, 0});
-      info.forward_ops = Numel(s) / fan_in * fan_in * out;
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_CONV2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(out, a.Int("out_channels", 0, true));
-      APAPO_ASSIGN_OR_RETURN(k, a.Pair("kernel_size", 0, true));
-      APAPO_ASSIGN_OR_RETURN(st, a.Pair("stride", 1, false));
-      APAPO_ASSIGN_OR_RETURN(p, a.Pair("padding", 0, false));
-      APAPO_ASSIGN_OR_RETURN(bias, a.Bool("bias", true));
-      const Shape& s = in[0]->out_shape;
-      if (out < 1 || k.first < 1 || k.second < 1 || st.first < 1 ||
-          st.second < 1) {
-        return NodeError(n, "out_channels, kernel_size and stride must be >= 1");
-      }
-      const int64_t ho = PoolOut(s[1], k.first, st.first, p.first);
-      const int64_t wo = PoolOut(s[2], k.second, st.second, p.second);
-      if (ho < 1 || wo < 1) {
-        return NodeError(n, absl::StrCat("kernel larger than the input ",
-                                         ShapeToString(s)));
-      }
-      info.out_shape = {out, ho, wo};
-      const int64_t fan_in = s[0] * k.first * k.second;
-      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-      info.params.push_back(
-          {"weight", {out, s[0], k.first, k.second}, bound, 0});
-      if (bias) info.params.push_back({"bias", {out}, bound, 0});
-      info.forward_ops = out * ho * wo * fan_in;
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_BATCH_NORM2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(eps, a.Float("eps", 1e-5));
-      APAPO_ASSIGN_OR_RETURN(mom, a.Float("momentum", 0.1));
-      (void)eps;
-      (void)mom;
-      const int64_t c = in[0]->out_shape[0];
-      info.out_shape = in[0]->out_shape;
-      info.params.push_back({"weight", {c}, -1, 1.0});
-      info.params.push_back({"bias", {c}, -1, 0.0});
-      info.forward_ops = 2 * Numel(info.out_shape);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_RELU:
-    case apapo::v1::LAYER_KIND_GELU:
-    case apapo::v1::LAYER_KIND_DROPOUT: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      if (n.kind() == apapo::v1::LAYER_KIND_DROPOUT) {
-        APAPO_ASSIGN_OR_RETURN(p, a.Float("p", 0.5));
-        if (p < 0 || p >= 1) return NodeError(n, "p must be in [0, 1)");
-      }
-      info.out_shape = in[0]->out_shape;
-      info.forward_ops = Numel(info.out_shape);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_MAX_POOL2D:
-    case apapo::v1::LAYER_KIND_AVG_POOL2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(k, a.Pair("kernel_size", 0, true));
-      APAPO_ASSIGN_OR_RETURN(st, a.Pair("stride", k.first, false));
-      APAPO_ASSIGN_OR_RETURN(p, a.Pair("padding", 0, false));
-      if (k.first < 1 || st.first < 1) {
-        return NodeError(n, "kernel_size and stride must be >= 1");
-      }
-      const Shape& s = in[0]->out_shape;
-      const int64_t ho = PoolOut(s[1], k.first, st.first, p.first);
-      const int64_t wo = PoolOut(s[2], k.second, st.second, p.second);
-      if (ho < 1 || wo < 1) {
-        return NodeError(n, absl::StrCat("kernel larger than the input ",
-                                         ShapeToString(s)));
-      }
-      info.out_shape = {s[0], ho, wo};
-      info.forward_ops = Numel(s);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_ADAPTIVE_AVG_POOL2D: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(3));
-      APAPO_ASSIGN_OR_RETURN(os, a.Ints("output_size", false));
-      if (os.empty()) os = {1, 1};
-      if (os.size() == 1) os.push_back(os[0]);
-      if (os.size() != 2 || os[0] < 1 || os[1] < 1) {
-        return NodeError(n, "output_size must be [h, w] with h, w >= 1");
-      }
-      info.out_shape = {in[0]->out_shape[0], os[0], os[1]};
-      info.forward_ops = Numel(in[0]->out_shape);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_FLATTEN: {
-      RETURN_IF_ERROR(need_inputs(1));
-      APAPO_ASSIGN_OR_RETURN(start, a.Int("start_dim", 1));
-      const Shape& s = in[0]->out_shape;
-      // start_dim counts the batch dimension as 0, as torch.flatten does.
-      if (start < 1 || start > static_cast<int64_t>(s.size())) {
-        return NodeError(n, absl::StrCat("start_dim ", start,
-                                         " out of range for sample ",
-                                         ShapeToString(s)));
-      }
-      info.out_shape.assign(s.begin(), s.begin() + (start - 1));
-      int64_t rest = 1;
-      for (size_t i = start - 1; i < s.size(); ++i) rest *= s[i];
-      info.out_shape.push_back(rest);
-      info.out_dtype = in[0]->out_dtype;
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_ADD: {
-      if (in.size() < 2) return NodeError(n, "expects at least 2 inputs");
-      RETURN_IF_ERROR(need_float());
-      for (size_t i = 1; i < in.size(); ++i) {
-        if (in[i]->out_shape != in[0]->out_shape) {
-          return ShapeMismatch(
-              n,
-              absl::StrCat("input '", in[i]->id(), "' vs input '",
-                           in[0]->id(), "'"),
-              in[i]->out_shape, in[0]->out_shape);
-        }
-      }
-      info.out_shape = in[0]->out_shape;
-      info.forward_ops = Numel(info.out_shape) * in.size();
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_CONCAT: {
-      if (in.empty()) return NodeError(n, "expects at least 1 input");
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(dim, a.Int("dim", 1));
-      const Shape& s0 = in[0]->out_shape;
-      if (dim < 1 || dim > static_cast<int64_t>(s0.size())) {
-        return NodeError(n, absl::StrCat("dim ", dim, " out of range for ",
-                                         ShapeToString(s0)));
-      }
-      Shape out = s0;
-      for (size_t i = 1; i < in.size(); ++i) {
-        Shape si = in[i]->out_shape;
-        if (si.size() != s0.size()) {
-          return ShapeMismatch(n, absl::StrCat("input '", in[i]->id(), "'"),
-                               si, s0);
-        }
-        for (size_t d = 0; d < s0.size(); ++d) {
-          if (static_cast<int64_t>(d) == dim - 1) continue;
-          if (si[d] != s0[d]) {
-            return ShapeMismatch(
-                n, absl::StrCat("input '", in[i]->id(), "' off the concat dim"),
-                si, s0);
-          }
-        }
-        out[dim - 1] += si[dim - 1];
-      }
-      info.out_shape = out;
-      info.forward_ops = Numel(out);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_EMBEDDING: {
-      RETURN_IF_ERROR(need_inputs(1));
-      if (in[0]->out_dtype != DType::kInt64) {
-        return NodeError(n, absl::StrCat("input '", in[0]->id(),
-                                         "' must be int64 token ids"));
-      }
-      APAPO_ASSIGN_OR_RETURN(num, a.Int("num_embeddings", 0, true));
-      APAPO_ASSIGN_OR_RETURN(dim, a.Int("embedding_dim", 0, true));
-      APAPO_ASSIGN_OR_RETURN(maxpos, a.Int("max_positions", 0));
-      if (num < 1 || dim < 1) {
-        return NodeError(n, "num_embeddings and embedding_dim must be >= 1");
-      }
-      info.out_shape = in[0]->out_shape;
-      info.out_shape.push_back(dim);
-      // PyTorch initialises embeddings N(0, 1); a uniform of the same
-      // variance keeps one init routine: U(-sqrt(3), sqrt(3)). LMs prefer
-      // small embeddings, so use 0.02-scale like GPT.
-      info.params.push_back({"weight", {num, dim}, 0.02 * std::sqrt(3.0), 0});
-      if (maxpos > 0) {
-        if (in[0]->out_shape.size() != 1 || in[0]->out_shape[0] > maxpos) {
-          return NodeError(n, absl::StrCat(
-                                  "max_positions needs a [T] input with T <= ",
-                                  maxpos, ", got ",
-                                  ShapeToString(in[0]->out_shape)));
-        }
-        info.params.push_back(
-            {"position", {maxpos, dim}, 0.02 * std::sqrt(3.0), 0});
-      }
-      info.forward_ops = Numel(info.out_shape);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_LAYER_NORM: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      APAPO_ASSIGN_OR_RETURN(ns, a.Ints("normalized_shape", false));
-      APAPO_ASSIGN_OR_RETURN(eps, a.Float("eps", 1e-5));
-      (void)eps;
-      const Shape& s = in[0]->out_shape;
-      if (s.empty()) return NodeError(n, "input has no dimension to normalise");
-      if (ns.empty()) ns = {s.back()};
-      if (ns.size() > s.size() ||
-          !std::equal(ns.begin(), ns.end(), s.end() - ns.size())) {
-        return ShapeMismatch(n, "normalized_shape vs input's trailing dims",
-                             Shape(s.end() - std::min(ns.size(), s.size()),
-                                   s.end()),
-                             ns);
-      }
-      info.out_shape = s;
-      info.params.push_back({"weight", ns, -1, 1.0});
-      info.params.push_back({"bias", ns, -1, 0.0});
-      info.forward_ops = 5 * Numel(s);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      RETURN_IF_ERROR(need_rank(2));
-      APAPO_ASSIGN_OR_RETURN(heads, a.Int("num_heads", 0, true));
-      APAPO_ASSIGN_OR_RETURN(ratio, a.Int("mlp_ratio", 4));
-      APAPO_ASSIGN_OR_RETURN(drop, a.Float("dropout", 0.0));
-      const int64_t t = in[0]->out_shape[0];
-      const int64_t d = in[0]->out_shape[1];
-      if (heads < 1 || d % heads != 0) {
-        return NodeError(n, absl::StrCat("num_heads (", heads,
-                                         ") must divide the model width (", d,
-                                         ")"));
-      }
-      if (ratio < 1) return NodeError(n, "mlp_ratio must be >= 1");
-      if (drop < 0 || drop >= 1) return NodeError(n, "dropout must be in [0, 1)");
-      const int64_t h = ratio * d;
-      const double bd = 1.0 / std::sqrt(static_cast<double>(d));
-      const double bh = 1.0 / std::sqrt(static_cast<double>(h));
-      info.params = {{"ln1.weight", {d}, -1, 1.0},
-                     {"ln1.bias", {d}, -1, 0.0},
-                     {"qkv.weight", {3 * d, d}, bd, 0},
-                     {"qkv.bias", {3 * d}, bd, 0},
-                     {"proj.weight", {d, d}, bd, 0},
-                     {"proj.bias", {d}, bd, 0},
-                     {"ln2.weight", {d}, -1, 1.0},
-                     {"ln2.bias", {d}, -1, 0.0},
-                     {"fc1.weight", {h, d}, bd, 0},
-                     {"fc1.bias", {h}, bd, 0},
-                     {"fc2.weight", {d, h}, bh, 0},
-                     {"fc2.bias", {d}, bh, 0}};
-      info.out_shape = in[0]->out_shape;
-      info.forward_ops = t * (4 * d * d + 2 * d * h) + 2 * t * t * d;
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_CROSS_ENTROPY_LOSS: {
-      RETURN_IF_ERROR(need_inputs(1));
-      RETURN_IF_ERROR(need_float());
-      const Shape& s = in[0]->out_shape;
-      if (s.empty() || s.size() > 2) {
-        return NodeError(n, absl::StrCat("expects logits [C] or [T, C], got ",
-                                         ShapeToString(s)));
-      }
-      info.out_shape = {};
-      info.forward_ops = Numel(s);
-      return absl::OkStatus();
-    }
-    case apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD: {
-      // Opaque: the importer ran the child and recorded what it found.
-      RETURN_IF_ERROR(need_inputs(1));
-      APAPO_ASSIGN_OR_RETURN(path, a.String("path", ""));
-      if (path.empty()) return NodeError(n, "missing required attribute 'path'");
-      APAPO_ASSIGN_OR_RETURN(index, a.Int("index", 0, /*required=*/true));
-      if (index < 0) return NodeError(n, "index must be >= 0");
-      APAPO_ASSIGN_OR_RETURN(out, a.Ints("out_shape", /*required=*/true));
-      APAPO_ASSIGN_OR_RETURN(dtype, a.String("dtype", "float32"));
-      if (dtype != "float32" && dtype != "int64") {
-        return NodeError(n, "dtype must be float32 or int64, got " + dtype);
-      }
-      APAPO_ASSIGN_OR_RETURN(names, a.String("param_names", ""));
-      APAPO_ASSIGN_OR_RETURN(shapes, a.Ints("param_shapes", false));
-      // param_shapes: for each name, its rank followed by its dimensions.
-      size_t pos = 0;
-      for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
-        if (pos >= shapes.size() || shapes[pos] < 0 ||
-            pos + 1 + shapes[pos] > shapes.size()) {
-          return NodeError(n, "param_shapes does not match param_names");
-        }
-        Shape shape(shapes.begin() + pos + 1,
-                    shapes.begin() + pos + 1 + shapes[pos]);
-        pos += 1 + shapes[pos];
-        info.params.push_back({std::string(name), std::move(shape), 0, 0});
-      }
-      if (pos != shapes.size()) {
-        return NodeError(n, "param_shapes does not match param_names");
-      }
-      info.out_shape = out;
-      info.out_dtype = dtype == "int64" ? DType::kInt64 : DType::kFloat32;
-      // An estimate (the profiler measures): each weight element is used once
-      // per output position (H*W for [C, H, W], T for [T, C], else once),
-      // plus one operation per output element.
-      int64_t positions = 1;
-      if (out.size() == 3) {
-        positions = out[1] * out[2];
-      } else if (out.size() >= 2) {
-        positions = Numel(out) / out.back();
-      }
-      info.forward_ops = Numel(out);
-      for (const ParamInfo& p : info.params) {
-        info.forward_ops += Numel(p.shape) * positions;
-      }
-      return absl::OkStatus();
-    }
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "node '", n.id(), "': unknown layer kind ",
-          static_cast<int>(n.kind()), " (", KindName(n.kind()), ")"));
-  }
-#undef RETURN_IF_ERROR
 }
 
 }  // namespace
@@ -807,7 +276,7 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
                                        const TorchScriptImporter& torchscript) {
   switch (spec.model().source_case()) {
     case apapo::v1::ModelSpec::kBuiltin: {
-      APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
+      APAPO_ASSIGN_OR_RETURN(DataShape data, DataShapeForJob(spec.data()));
       return BuiltinGraph(spec.model().builtin(), data);
     }
     case apapo::v1::ModelSpec::kGraph:
@@ -818,7 +287,7 @@ absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,
             "spec.model.torchscript: this process was built without "
             "TorchScript support (no importer passed to GraphForJob)");
       }
-      APAPO_ASSIGN_OR_RETURN(data, DataShapeForJob(spec.data()));
+      APAPO_ASSIGN_OR_RETURN(DataShape data, DataShapeForJob(spec.data()));
       return torchscript(spec.model().torchscript(), data);
     }
     default:
@@ -830,7 +299,8 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
     ModelGraph graph, const std::vector<std::pair<std::string, int>>& splits) {
   if (splits.empty()) return graph;
   // Shapes of the unsplit graph: the concat joins along the last dimension.
-  APAPO_ASSIGN_OR_RETURN(analyzed, AnalyzedGraph::Create(graph));
+  APAPO_ASSIGN_OR_RETURN(AnalyzedGraph analyzed,
+                         AnalyzedGraph::Create(graph));
   std::set<std::string> done;
   for (const auto& [id, parts] : splits) {
     const std::string where = absl::StrCat("plan.splits '", id, "'");
@@ -881,8 +351,7 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
     }
   }
   // Validate the result (ids such as "<id>/0" must not collide).
-  APAPO_ASSIGN_OR_RETURN(check, AnalyzedGraph::Create(graph));
-  (void)check;
+  APAPO_RETURN_IF_ERROR(AnalyzedGraph::Create(graph).status());
   return graph;
 }
 
@@ -902,17 +371,7 @@ absl::StatusOr<AnalyzedGraph> AnalyzedGraph::Create(ModelGraph graph) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate node id '", node.id(), "'"));
     }
-    const std::set<std::string>* allowed = AllowedAttrs(node.kind());
-    if (allowed == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "node '", node.id(), "': unknown layer kind ",
-          static_cast<int>(node.kind()), " (", KindName(node.kind()), ")"));
-    }
-    for (const auto& [key, value] : node.attrs()) {
-      if (!allowed->count(key)) {
-        return NodeError(node, absl::StrCat("unknown attribute '", key, "'"));
-      }
-    }
+    APAPO_RETURN_IF_ERROR(CheckLayerAttributes(node));
   }
   // Kahn's algorithm, ties broken by proto order.
   std::vector<std::vector<int>> consumers(n);
@@ -975,8 +434,7 @@ absl::StatusOr<AnalyzedGraph> AnalyzedGraph::Create(ModelGraph graph) {
       }
       g.loss_index_ = k;
     }
-    if (absl::Status s = InferNode(info, g.nodes_); !s.ok()) return s;
-    for (const ParamInfo& p : info.params) info.num_params += Numel(p.shape);
+    APAPO_RETURN_IF_ERROR(InferLayer(g.nodes_, info));
   }
   if (g.input_index_ < 0) {
     return absl::InvalidArgumentError("graph has no INPUT node");

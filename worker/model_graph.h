@@ -6,6 +6,10 @@
 // the shape checks build and test without a LibTorch translation unit; the
 // torch side (model_builder.h) consumes an AnalyzedGraph.
 //
+// What each layer kind accepts and how its shapes, parameters and cost are
+// inferred is not here but in one table, layer_kinds.h/.cc (a new kind is an
+// entry there plus its kernel in model_builder.cc).
+//
 // Thread-safety: free functions are thread-safe; AnalyzedGraph and
 // StageLayout are immutable values after construction.
 
@@ -113,9 +117,9 @@ class AnalyzedGraph {
  public:
   // Validates `graph` (unique ids, known inputs, acyclic, exactly one INPUT
   // and one CROSS_ENTROPY_LOSS sink, known kinds and attributes) and infers
-  // every node's output shape. Errors are INVALID_ARGUMENT naming the node;
-  // shape mismatches name the node and both shapes; unsupported kinds are
-  // UNIMPLEMENTED.
+  // every node's output shape (through layer_kinds.h). Errors are
+  // INVALID_ARGUMENT naming the node, unknown kinds included; shape
+  // mismatches name the node and both shapes.
   static absl::StatusOr<AnalyzedGraph> Create(apapo::v1::ModelGraph graph);
 
   const apapo::v1::ModelGraph& graph() const { return *graph_; }

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "worker/layer_kinds.h"
 
 namespace apapo {
 namespace worker {
@@ -309,6 +310,19 @@ TEST(ModelGraphTest, BalancedSplitOfMlpBalancesCompute) {
   auto three = BalancedSplit(*g, 3);
   ASSERT_TRUE(three.ok());
   EXPECT_TRUE(LayoutStages(*g, *three).ok());
+}
+
+// A kind added to the proto needs its entry in layer_kinds.cc, and the
+// table names each kind once (FindEntry would silently take the first).
+TEST(ModelGraphTest, LayerKindTableCoversTheProtoEnumOnce) {
+  std::vector<apapo::v1::LayerKind> want;
+  for (int k = apapo::v1::LayerKind_MIN; k <= apapo::v1::LayerKind_MAX; ++k) {
+    if (apapo::v1::LayerKind_IsValid(k) &&
+        k != apapo::v1::LAYER_KIND_UNSPECIFIED) {
+      want.push_back(static_cast<apapo::v1::LayerKind>(k));
+    }
+  }
+  EXPECT_THAT(GraphLayerKinds(), ::testing::UnorderedElementsAreArray(want));
 }
 
 }  // namespace
