@@ -22,7 +22,7 @@
 #include "partitioner/optimizer.h"
 #include "partitioner/pipedream_format.h"
 #include "partitioner/plan_proto.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 #include "partitioner/simulator.h"
 
 ABSL_FLAG(std::string, profile, "",

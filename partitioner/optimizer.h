@@ -54,7 +54,7 @@
 #include "absl/strings/string_view.h"
 #include "partitioner/cluster.h"
 #include "partitioner/graph.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 
 namespace apapo {
 namespace partitioner {

@@ -70,10 +70,15 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   const int64_t m = so.micro_batches_per_iteration;
   const int64_t n = m * options.iterations;
 
-  std::vector<std::vector<double>> fwd(p, std::vector<double>(n, -1));
-  std::vector<std::vector<double>> bwd(p, std::vector<double>(n, -1));
-  std::vector<std::vector<Collective>> updates(
+  // When stage s issued the send of micro-batch j's activations / input
+  // gradients (-1: not yet): its consumer may start after the transfer.
+  std::vector<std::vector<double>> activations_sent(p, std::vector<double>(n, -1));
+  std::vector<std::vector<double>> gradients_sent(p, std::vector<double>(n, -1));
+  std::vector<std::vector<Collective>> allreduces(
       p, std::vector<Collective>(options.iterations + 1));
+  // When every replica of stage s had applied update v.
+  std::vector<std::vector<double>> update_done(
+      p, std::vector<double>(options.iterations + 1, 0));
   std::vector<double> comm(p, 0), allreduce(p, 0);
   for (int s = 0; s < p; ++s) {
     const StagePlan& st = plan.stages[s];
@@ -115,18 +120,18 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         double ready = 0, duration = 0;
         if (op.type == Op::kForward) {
           if (s > 0) {
-            if (fwd[s - 1][op.micro_batch] < 0) break;
-            ready = fwd[s - 1][op.micro_batch] + comm[s - 1];
+            if (activations_sent[s - 1][op.micro_batch] < 0) break;
+            ready = activations_sent[s - 1][op.micro_batch] + comm[s - 1];
           }
           duration = st.forward_seconds / rep.speed;
         } else if (op.type == Op::kBackward) {
           if (s + 1 < p) {
-            if (bwd[s + 1][op.micro_batch] < 0) break;
-            ready = bwd[s + 1][op.micro_batch] + comm[s];
+            if (gradients_sent[s + 1][op.micro_batch] < 0) break;
+            ready = gradients_sent[s + 1][op.micro_batch] + comm[s];
           }
           duration = st.backward_seconds / rep.speed;
-        } else {
-          Collective& c = updates[s][op.weight_version];
+        } else if (op.type == Op::kAllReduce) {
+          Collective& c = allreduces[s][op.weight_version];
           if (!rep.arrived) {
             rep.arrived = true;
             ++c.arrived;
@@ -139,6 +144,9 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
           ready = c.done - allreduce[s];
           duration = allreduce[s];
         }
+        // Posting a receive, enqueueing a send, draining sends and the
+        // optimizer step take no modelled time: transfers run on their own
+        // threads and arrive `comm` after their send.
         const double start = std::max(rep.free, ready);
         const double end = start + duration;
         rep.free = end;
@@ -147,13 +155,24 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         if (options.record_trace) {
           result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
         }
+        if (op.type == Op::kSendActivations) {
+          activations_sent[s][op.micro_batch] = end;
+        } else if (op.type == Op::kSendGradients) {
+          gradients_sent[s][op.micro_batch] = end;
+        } else if (op.type == Op::kUpdate) {
+          update_done[s][op.weight_version] =
+              std::max(update_done[s][op.weight_version], end);
+        }
+        if (!op.IsCompute()) {
+          rep.has_next = rep.program.Next(&rep.next);
+          progress = true;
+          continue;
+        }
         if (op.type == Op::kForward) {
-          fwd[s][op.micro_batch] = end;
           rep.live.insert(op.weight_version);
           rep.max_in_flight =
               std::max(rep.max_in_flight, static_cast<int>(rep.live.size()));
         } else if (op.type == Op::kBackward) {
-          bwd[s][op.micro_batch] = end;
           rep.max_staleness =
               std::max(rep.max_staleness, rep.version - op.weight_version);
           rep.live.erase(rep.live.find(op.weight_version));
@@ -181,7 +200,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   std::vector<double> iteration_end(iters + 1, 0);
   for (int s = 0; s < p; ++s) {
     for (int64_t v = 1; v <= iters; ++v) {
-      iteration_end[v] = std::max(iteration_end[v], updates[s][v].done);
+      iteration_end[v] = std::max(iteration_end[v], update_done[s][v]);
     }
   }
   double makespan = 0;
@@ -222,10 +241,15 @@ std::string ChromeTraceJson(const SimulationResult& result) {
   std::string out = "{\"traceEvents\":[";
   bool first = true;
   for (const TraceEvent& e : result.trace) {
-    if (e.end <= e.start && e.op.type == Op::kUpdate) continue;
-    const char* cat = e.op.type == Op::kForward
-                          ? "forward"
-                          : (e.op.type == Op::kBackward ? "backward" : "update");
+    // Only what takes modelled time: compute and all-reduces.
+    if (e.end <= e.start &&
+        (e.op.type == Op::kUpdate || !e.op.IsCompute())) {
+      continue;
+    }
+    const char* cat = e.op.type == Op::kForward    ? "forward"
+                      : e.op.type == Op::kBackward ? "backward"
+                      : e.op.type == Op::kAllReduce ? "allreduce"
+                                                    : "update";
     absl::StrAppendFormat(
         &out,
         "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "partitioner/cluster.h"
 #include "partitioner/optimizer.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 
 namespace apapo {
 namespace partitioner {

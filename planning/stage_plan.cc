@@ -25,9 +25,7 @@ int MicroBatches(const apapo::v1::JobSpec& spec, int planned,
 }
 
 int StagePlan::RankOf(int stage, int replica) const {
-  int rank = 0;
-  for (int s = 0; s < stage; ++s) rank += schedule.Replicas(s);
-  return rank + replica;
+  return schedule::RankOf(schedule, stage, replica);
 }
 
 std::pair<int, int> StagePlan::StageOf(int rank) const {

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "proto/apapo/v1/plan.pb.h"
 

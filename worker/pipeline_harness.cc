@@ -132,8 +132,8 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
       StageRunHooks hooks;
       hooks.data = &f.split;
       hooks.configure = [&](ExecutorConfig* c) {
-        c->eval_every_epochs = 0;
-        c->record_backwards = record;
+        c->evaluation.every_epochs = 0;
+        c->test.record_backwards = record;
       };
       hooks.finished = [&](const StageExecutor& exec) {
         result.reports[rank] = exec.Report();

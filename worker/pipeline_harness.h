@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "worker/data.h"
 #include "worker/model_graph.h"

@@ -1,24 +1,35 @@
-// Runs one replica of one pipeline stage: executes the op stream of the
-// shared schedule library (partitioner/schedule.h: StageProgram), moving
-// activations forward and gradients backward through a Transport.
+// Runs one replica of one pipeline stage by executing its schedule's
+// programs (schedule/schedule.h): the op loop, and nothing else. What
+// the ops need lives in parts of its own:
+//   WeightStore (weight_store.h)          weight versions: stashing,
+//                                         recycling, prediction;
+//   CheckpointStore (checkpoint_store.h)  where checkpoints go, and their
+//                                         format;
+//   Evaluator (evaluator.h)               test accuracy, by the schedule's
+//                                         evaluation program;
+//   StageObserver (stage_observer.h)      counters and progress, out.
 //
-// What it does per op (j = global micro-batch, v = weight version):
-//   kForward(j, v)  stage 0 reads micro-batch j from the dataset, other
-//                   stages receive the bundle of the cut before them; runs
-//                   the stage's nodes with weight version v; sends the output
-//                   bundle on (tensors crossing a cut travel as one message,
-//                   labels included). The stage keeps what backward needs.
-//   kBackward(j, v) the last stage differentiates its loss, others receive
-//                   the gradient bundle; gradients are taken with respect to
-//                   version v's tensors (weight stashing: exactly the weights
-//                   that forward used, checked) and accumulated; the input
-//                   gradients go back to the previous stage.
-//   kUpdate(v')     replicated stages all-reduce the accumulated gradients;
-//                   the optimizer produces version v' as new tensors.
+// Per op (j = global micro-batch, v = weight version; transfers name their
+// peer replica, the executor maps it to a rank):
+//   kRecvActivations(j) / kRecvGradients(j)  post the receive (the transport
+//                   lands the bytes while the stage computes);
+//   kForward(j, v)  stage 0 reads micro-batch j from the dataset, others take
+//                   the received bundle; runs the stage's nodes on version v
+//                   (or its prediction); keeps what backward needs;
+//   kSendActivations(j)  sends the output bundle (labels included);
+//   kBackward(j, v) differentiates the loss (last stage) or the received
+//                   gradients with respect to exactly the tensors forward
+//                   used (weight stashing, checked) and accumulates them;
+//   kSendGradients(j)  sends the input gradients back;
+//   kAllReduce(v')  sums the accumulated gradients over the stage's replicas;
+//   kUpdate(v')     the optimizer makes version v';
+//   kFlush          waits for every send.
 // Training is split into phases (an epoch, or the part of one between two
 // checkpoints); each phase runs one StageProgram, so a phase boundary drains
-// the pipeline. Evaluation runs between phases through replica 0 of each
-// stage.
+// the pipeline. An evaluation runs between phases.
+//
+// Transport groups: the transport's replica groups are the stages' (in
+// stage order), followed by one group of every rank (evaluation results).
 //
 // Thread-safety: Run() is called once, from one thread; the executor uses
 // the transport's communication threads. Report() may be called after Run().
@@ -29,59 +40,53 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 #include "proto/apapo/v1/job.pb.h"
-#include "proto/apapo/v1/metrics.pb.h"
+#include "worker/checkpoint_store.h"
 #include "worker/data.h"
-#include "worker/model_builder.h"
 #include "worker/model_graph.h"
-#include "worker/optimizer.h"
+#include "worker/stage_observer.h"
 #include "worker/transport.h"
 
 namespace apapo {
 namespace worker {
 
-// Counters of one stage replica after Run() (and, while it
-// runs, in ExecutorConfig::on_stage_report).
-struct StageReport {
-  int stage = 0;
-  int replica = 0;
-  int rank = 0;
-  double busy_seconds = 0;
-  double idle_seconds = 0;          // blocked receiving inputs/gradients
-  double comm_exposed_seconds = 0;  // blocked on send drains and all-reduce
-  double comm_total_seconds = 0;    // transfer time on comm threads
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t forward_micro_batches = 0;
-  int64_t backward_micro_batches = 0;
-  int64_t max_staleness = 0;
-  int max_weight_versions = 0;
-  int64_t steps = 0;
-  double train_seconds = 0;  // wall time of the training phases
-  int64_t samples = 0;       // training samples this replica processed
-  // Last stage only.
-  double final_loss = 0;  // mean over the last epoch's micro-batches
-  double test_accuracy = -1;
-  int64_t num_params = 0;
+// How the stage reads its data.
+struct DataOptions {
+  int64_t batch_size = 1;  // samples per iteration (mini-batch)
+  bool shuffle = true;
 };
 
-// Progress the last stage reports while training.
-struct TrainingProgress {
-  int64_t step = 0;         // optimizer steps done
-  int64_t total_steps = 0;  // steps the run will do
-  int64_t epoch = 0;        // 1-based
-  double loss = 0;          // mean over recent micro-batches
-  double samples_per_second = 0;
-  double test_accuracy = -1;  // after an evaluation, else -1
+// When training stops.
+struct LimitOptions {
+  int64_t epochs = 1;
+  int64_t max_steps = 0;       // 0: no limit
+  double target_accuracy = 0;  // 0: off; else stop once an evaluation reaches it
+};
+
+struct EvaluationOptions {
+  int64_t every_epochs = 1;  // 0: never evaluate
+  int64_t batch_size = 0;    // 0: the training batch size
+};
+
+struct CheckpointOptions {
+  CheckpointStore* store = nullptr;  // null: no checkpoints; outlives the run
+  int64_t every_steps = 0;           // 0: only at the end
+  bool resume = false;  // start from the newest step every replica saved
+};
+
+// What only tests set.
+struct ExecutorTestHooks {
+  // Record every backward pass (see BackwardRecord).
+  bool record_backwards = false;
+  // Initial weights: when empty, initialised from the seed.
+  std::vector<at::Tensor> initial_parameters;
 };
 
 struct ExecutorConfig {
@@ -92,35 +97,23 @@ struct ExecutorConfig {
   // Schedule kind, stages, replicas per stage, micro-batches per iteration
   // and max_in_flight; num_iterations is set per phase.
   schedule::ScheduleOptions schedule;
-  int64_t batch_size = 1;  // samples per iteration (mini-batch)
+  int64_t seed = 0;  // initial weights, epoch order, dropout
+  DataOptions data;
   apapo::v1::OptimizerSpec optimizer;
-  int64_t seed = 0;
-  bool shuffle = true;
-  int64_t epochs = 1;
-  int64_t max_steps = 0;          // 0: no limit
-  double target_accuracy = 0;     // 0: off
-  int64_t eval_every_epochs = 1;  // 0: never evaluate
-  int64_t eval_batch_size = 0;    // 0: batch_size
-  apapo::v1::CheckpointSpec checkpoint;
-  // Called on the last stage's replica 0 every `progress_every` steps and
-  // after each evaluation.
-  std::function<void(const TrainingProgress&)> on_progress;
-  // Called on every stage replica every `progress_every` steps (before
-  // on_progress) with its counters so far: busy/idle/comm seconds, bytes,
-  // staleness, train_seconds up to now. Lets every stage stream its state
-  // while training, not only at the end.
-  std::function<void(const StageReport&)> on_stage_report;
-  int64_t progress_every = 50;
   // Async only: forward and backward run on weights predicted `delay`
   // updates ahead (see ScheduleSpec.weight_prediction in job.proto).
   bool weight_prediction = false;
-  // Test hook: record every backward pass (see BackwardRecord).
-  bool record_backwards = false;
-  // Initial weights: when empty, initialised from `seed`.
-  std::vector<at::Tensor> initial_parameters;
+  LimitOptions limits;
+  EvaluationOptions evaluation;
+  CheckpointOptions checkpoint;
+  // Told of the counters (every replica) and progress (last stage, replica
+  // 0) every `progress_every` steps and after each evaluation. May be null.
+  StageObserver* observer = nullptr;
+  int64_t progress_every = 50;
+  ExecutorTestHooks test;
 };
 
-// One backward pass, recorded when ExecutorConfig::record_backwards is set.
+// One backward pass, recorded when ExecutorTestHooks::record_backwards is set.
 struct BackwardRecord {
   int64_t micro_batch = 0;  // global within the run
   int64_t forward_version = 0;
@@ -132,16 +125,11 @@ struct BackwardRecord {
   std::vector<at::Tensor> param_grads;   // gradients it produced
 };
 
-
-// Copies a replica's counters into the StageMetrics a MetricsReport carries
-// (everything but step_seconds, whose source differs by caller).
-void FillStageMetrics(const StageReport& report, int stage, int rank,
-                      apapo::v1::StageMetrics* metrics);
-
 class StageExecutor {
  public:
   // `transport` may be null only for a single, unreplicated stage.
-  // `train`/`test` are read by stage 0 only (others may pass null).
+  // `train`/`test` must be given: every stage derives the epoch length and
+  // the number of test batches from them; stage 0 reads their samples.
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       ExecutorConfig config, Transport* transport, const Dataset* train,
       const Dataset* test);
@@ -155,9 +143,6 @@ class StageExecutor {
   const std::vector<std::string>& parameter_names() const;
   StageReport Report() const;
   const std::vector<BackwardRecord>& backward_records() const;
-  // Global rank of (stage, replica) under the config's replication.
-  static int RankOf(const schedule::ScheduleOptions& schedule, int stage,
-                    int replica);
 
  private:
   struct Impl;

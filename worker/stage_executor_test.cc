@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/model_builder.h"
 #include "worker/pipeline_harness.h"
 
 namespace apapo {
@@ -354,10 +355,10 @@ TEST(FailureTest, DeadPeerStopsStageWithNamedError) {
   c.graph = f.graph.get();
   c.layouts = *layouts;
   c.schedule = sched;
-  c.batch_size = kBatch;
+  c.data.batch_size = kBatch;
   c.optimizer = Sgd();
-  c.max_steps = 4;
-  c.eval_every_epochs = 0;
+  c.limits.max_steps = 4;
+  c.evaluation.every_epochs = 0;
   auto exec = StageExecutor::Create(c, transport->get(), f.split.train.get(),
                                     f.split.test.get());
   ASSERT_TRUE(exec.ok());
@@ -375,7 +376,7 @@ TEST(ExecutorConfigTest, BatchNotDivisibleByMicroBatchesIsRefused) {
   c.graph = f.graph.get();
   c.layouts = *layouts;
   c.schedule.micro_batches_per_iteration = 3;
-  c.batch_size = 16;
+  c.data.batch_size = 16;
   c.optimizer = Sgd();
   auto exec = StageExecutor::Create(c, nullptr, f.split.train.get(),
                                     f.split.test.get());

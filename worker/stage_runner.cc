@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
+#include "worker/checkpoint_store.h"
+#include "worker/file_system.h"
 #include "worker/model_graph.h"
 #include "worker/torchscript_model.h"
 #include "worker/transport.h"
@@ -37,15 +39,15 @@ absl::Status Labelled(const std::string& label, const absl::Status& s) {
   return Prefixed(label, s);
 }
 
-// Turns the executor's progress callbacks (every step) into MetricsReports
-// at most every kStageReportInterval, with the throughput since the previous
+// The runner's StageObserver: turns the executor's counters and progress
+// (every step) into MetricsReports at most every kStageReportInterval, with the throughput since the previous
 // report and the durations of the steps since then (time between successive
 // updates, not counting intervals that span an evaluation).
-class ProgressReporter {
+class ProgressReporter : public StageObserver {
  public:
   // `trains_progress`: this replica is the one the executor calls
-  // on_progress on (the last stage's replica 0); the others report their
-  // stage counters alone (OnStageReport).
+  // OnProgress on (the last stage's replica 0); the others report their
+  // stage counters alone (OnCounters).
   ProgressReporter(const AssignStage& a, int64_t batch_size,
                    bool trains_progress,
                    std::function<void(const MetricsReport&)> report)
@@ -60,7 +62,7 @@ class ProgressReporter {
   // The executor's counters so far (every step, before OnProgress). Kept for
   // the next progress report; a stage without progress reports sends them on
   // their own, at most every kStageReportInterval.
-  void OnStageReport(const StageReport& r) {
+  void OnCounters(const StageReport& r) override {
     if (!trains_progress_ && counters_.has_value() &&
         r.steps == counters_->steps + 1 &&
         step_seconds_.size() < kMaxPendingSteps) {
@@ -87,7 +89,7 @@ class ProgressReporter {
     report_(m);
   }
 
-  void OnProgress(const TrainingProgress& p) {
+  void OnProgress(const TrainingProgress& p) override {
     const absl::Time now = absl::Now();
     // The executor reports an evaluation right after the step's own
     // progress: same step, or a new accuracy.
@@ -182,13 +184,18 @@ absl::StatusOr<std::unique_ptr<Transport>> JoinProcessGroup(
                                : kDefaultTimeout;
   if (t.timeout <= absl::ZeroDuration()) t.timeout = kDefaultTimeout;
   t.label = label;
+  // The stages' replica groups, then every rank (StageExecutor's
+  // convention: evaluation results are summed over the last group).
+  std::vector<int> world;
   for (int s = 0; s < plan.schedule.num_stages; ++s) {
     std::vector<int> group;
     for (int r = 0; r < plan.schedule.Replicas(s); ++r) {
       group.push_back(plan.RankOf(s, r));
+      world.push_back(plan.RankOf(s, r));
     }
     t.groups.push_back(group);
   }
+  t.groups.push_back(world);
   if (t.store_port <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": the rendezvous has no store port"));
@@ -256,12 +263,14 @@ absl::Status RunStageOrThrow(const AssignStage& a, const std::string& label,
       std::move(report));
   // Every step; ProgressReporter throttles by time.
   c.progress_every = 1;
-  c.on_progress = [&progress](const TrainingProgress& p) {
-    progress.OnProgress(p);
-  };
-  c.on_stage_report = [&progress](const StageReport& r) {
-    progress.OnStageReport(r);
-  };
+  c.observer = &progress;
+  std::unique_ptr<CheckpointStore> checkpoints;
+  if (!spec.checkpoint().directory().empty()) {
+    checkpoints = std::make_unique<FileCheckpointStore>(
+        spec.checkpoint().directory(), spec.checkpoint().every_steps(),
+        LocalFileSystem());
+    c.checkpoint.store = checkpoints.get();
+  }
   if (hooks.configure) hooks.configure(&c);
   APAPO_ASSIGN_OR_RETURN(
       std::unique_ptr<StageExecutor> exec,
@@ -313,20 +322,23 @@ absl::StatusOr<ExecutorConfig> ExecutorConfigFor(const apapo::v1::JobSpec& spec,
   c.stage = stage;
   c.replica = replica;
   c.schedule = plan.schedule;
-  c.batch_size = spec.data().batch_size();
-  c.optimizer = spec.optimizer();
   c.seed = spec.seed();
-  c.shuffle = spec.data().shuffle();
-  c.epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
-  c.max_steps = spec.limits().max_steps();
-  c.target_accuracy = spec.limits().target_accuracy();
-  c.eval_every_epochs =
-      spec.eval_every_epochs() > 0 ? spec.eval_every_epochs() : 1;
-  c.eval_batch_size = spec.data().eval_batch_size() > 0
-                          ? spec.data().eval_batch_size()
-                          : std::max(spec.data().batch_size(), 500);
-  c.checkpoint = spec.checkpoint();
+  c.data.batch_size = spec.data().batch_size();
+  c.data.shuffle = spec.data().shuffle();
+  c.optimizer = spec.optimizer();
   c.weight_prediction = planning::WeightPredictionRequested(spec);
+  // No epoch limit means "until max_steps".
+  c.limits.epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
+  c.limits.max_steps = spec.limits().max_steps();
+  c.limits.target_accuracy = spec.limits().target_accuracy();
+  c.evaluation.every_epochs =
+      spec.eval_every_epochs() > 0 ? spec.eval_every_epochs() : 1;
+  c.evaluation.batch_size = spec.data().eval_batch_size() > 0
+                                ? spec.data().eval_batch_size()
+                                : std::max(spec.data().batch_size(), 500);
+  // The store itself is the caller's (it owns the files).
+  c.checkpoint.every_steps = spec.checkpoint().every_steps();
+  c.checkpoint.resume = spec.checkpoint().resume();
   return c;
 }
 

@@ -1,4 +1,4 @@
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 
 #include <algorithm>
 #include <set>
@@ -50,6 +50,20 @@ std::string Op::ToString() const {
       return absl::StrCat("B", micro_batch, "@v", weight_version);
     case kUpdate:
       return absl::StrCat("U", micro_batch, "->v", weight_version);
+    case kRecvActivations:
+      return absl::StrCat("RA", micro_batch, "<", peer);
+    case kSendActivations:
+      return absl::StrCat("SA", micro_batch, ">", peer);
+    case kRecvGradients:
+      return absl::StrCat("RG", micro_batch, "<", peer);
+    case kSendGradients:
+      return absl::StrCat("SG", micro_batch, ">", peer);
+    case kAllReduce:
+      return absl::StrCat("AR", micro_batch, "->v", weight_version);
+    case kFlush:
+      return "FL";
+    case kReduceResult:
+      return "RR";
   }
   return "?";
 }
@@ -108,6 +122,12 @@ int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
   return static_cast<int>(need);
 }
 
+int RankOf(const ScheduleOptions& options, int stage, int replica) {
+  int rank = 0;
+  for (int s = 0; s < stage; ++s) rank += options.Replicas(s);
+  return rank + replica;
+}
+
 absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
   if (options.num_stages < 1) {
     return absl::InvalidArgumentError(
@@ -123,6 +143,10 @@ absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
   }
   if (options.max_in_flight < 0) {
     return absl::InvalidArgumentError("max_in_flight must be >= 0");
+  }
+  if (options.recv_lookahead < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recv_lookahead must be >= 1, got ", options.recv_lookahead));
   }
   if (!options.replicas.empty() &&
       static_cast<int>(options.replicas.size()) != options.num_stages) {
@@ -175,6 +199,19 @@ absl::StatusOr<StageProgram> StageProgram::Create(
   return StageProgram(options, stage, replica);
 }
 
+absl::StatusOr<StageProgram> StageProgram::CreateEvaluation(
+    const ScheduleOptions& options, int stage, int replica, int64_t batches) {
+  if (batches < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation batches must be >= 0, got ", batches));
+  }
+  absl::StatusOr<StageProgram> program = Create(options, stage, replica);
+  if (!program.ok()) return program.status();
+  program->evaluation_ = true;
+  program->eval_batches_ = batches;
+  return program;
+}
+
 StageProgram::StageProgram(const ScheduleOptions& options, int stage,
                            int replica)
     : kind_(options.kind),
@@ -186,6 +223,9 @@ StageProgram::StageProgram(const ScheduleOptions& options, int stage,
                            options.Replicas(stage)),
       m_(options.micro_batches_per_iteration),
       iterations_(options.num_iterations) {
+  if (stage > 0) prev_replicas_ = options.Replicas(stage - 1);
+  if (stage + 1 < options.num_stages) next_replicas_ = options.Replicas(stage + 1);
+  recv_lookahead_ = std::max(1, options.recv_lookahead);
   const int64_t total_global = m_ * iterations_;
   total_local_ = total_global > replica_
                      ? (total_global - replica_ + replicas_ - 1) / replicas_
@@ -230,6 +270,13 @@ void StageProgram::PushBackward(int64_t local) {
 }
 
 void StageProgram::Refill() {
+  if (evaluation_) {
+    // Forward-only, through replica 0 of every stage.
+    if (replica_ == 0 && eval_next_ < eval_batches_) {
+      queue_.push_back(Op{Op::kForward, eval_next_++, 0});
+    }
+    return;
+  }
   if (IsAsynchronous(kind_)) {
     if (!warmed_up_) {
       warmed_up_ = true;
@@ -266,11 +313,80 @@ void StageProgram::Refill() {
   PushUpdatesBefore(step_);
 }
 
-bool StageProgram::Next(Op* op) {
+bool StageProgram::NextCompute(Op* op) {
   if (queue_.empty()) Refill();
   if (queue_.empty()) return false;
   *op = queue_.front();
   queue_.pop_front();
+  return true;
+}
+
+namespace {
+
+// The neighbour replica micro-batch j travels to or from: round robin, and
+// replica 0 alone during evaluation.
+int PeerOf(int64_t j, int replicas, bool evaluation) {
+  return evaluation ? 0 : static_cast<int>(j % replicas);
+}
+
+bool Receives(const Op& op, int prev_replicas, int next_replicas) {
+  return (op.type == Op::kForward && prev_replicas > 0) ||
+         (op.type == Op::kBackward && next_replicas > 0);
+}
+
+}  // namespace
+
+void StageProgram::PushReceiveFor(const Op& c) {
+  if (c.type == Op::kForward && prev_replicas_ > 0) {
+    out_.push_back(Op{Op::kRecvActivations, c.micro_batch, 0,
+                      PeerOf(c.micro_batch, prev_replicas_, evaluation_)});
+  } else if (c.type == Op::kBackward && next_replicas_ > 0) {
+    out_.push_back(Op{Op::kRecvGradients, c.micro_batch, 0,
+                      PeerOf(c.micro_batch, next_replicas_, evaluation_)});
+  }
+}
+
+bool StageProgram::Next(Op* op) {
+  // A window far longer than any warm-up bounds a stage that never receives.
+  const size_t max_window = 8 * static_cast<size_t>(recv_lookahead_) + 64;
+  while (out_.empty() && !done_) {
+    // Post the receives of the next `recv_lookahead_` receiving ops.
+    Op c;
+    while (window_receives_ < recv_lookahead_ && window_.size() < max_window &&
+           NextCompute(&c)) {
+      if (Receives(c, prev_replicas_, next_replicas_)) {
+        PushReceiveFor(c);
+        ++window_receives_;
+      }
+      window_.push_back(c);
+    }
+    if (window_.empty()) {
+      // The end: drain the sends, then (evaluation) share the result.
+      if (sends_) out_.push_back(Op{Op::kFlush, 0, 0});
+      if (evaluation_) out_.push_back(Op{Op::kReduceResult, 0, 0});
+      done_ = true;
+      break;
+    }
+    c = window_.front();
+    window_.pop_front();
+    if (Receives(c, prev_replicas_, next_replicas_)) --window_receives_;
+    if (c.type == Op::kUpdate && replicas_ > 1) {
+      out_.push_back(Op{Op::kAllReduce, c.micro_batch, c.weight_version});
+    }
+    out_.push_back(c);
+    if (c.type == Op::kForward && next_replicas_ > 0) {
+      out_.push_back(Op{Op::kSendActivations, c.micro_batch, 0,
+                        PeerOf(c.micro_batch, next_replicas_, evaluation_)});
+      sends_ = true;
+    } else if (c.type == Op::kBackward && prev_replicas_ > 0) {
+      out_.push_back(Op{Op::kSendGradients, c.micro_batch, 0,
+                        PeerOf(c.micro_batch, prev_replicas_, evaluation_)});
+      sends_ = true;
+    }
+  }
+  if (out_.empty()) return false;
+  *op = out_.front();
+  out_.pop_front();
   return true;
 }
 
@@ -291,6 +407,7 @@ absl::StatusOr<StageScheduleStats> AnalyzeStage(const ScheduleOptions& options,
   int64_t newest = 0;
   Op op;
   while (program->Next(&op)) {
+    if (!op.IsCompute()) continue;
     switch (op.type) {
       case Op::kForward: {
         live.insert(op.weight_version);
@@ -315,6 +432,8 @@ absl::StatusOr<StageScheduleStats> AnalyzeStage(const ScheduleOptions& options,
             std::max(stats.weight_versions, static_cast<int>(distinct.size()));
         break;
       }
+      default:
+        break;
     }
   }
   return stats;

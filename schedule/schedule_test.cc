@@ -1,6 +1,9 @@
-#include "partitioner/schedule.h"
+#include "schedule/schedule.h"
 
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -9,10 +12,22 @@ namespace apapo {
 namespace schedule {
 namespace {
 
+// The compute ops of a program (the schedule proper).
 std::vector<std::string> Program(const ScheduleOptions& options, int stage,
                                  int replica = 0) {
   absl::StatusOr<StageProgram> program =
       StageProgram::Create(options, stage, replica);
+  EXPECT_TRUE(program.ok()) << program.status();
+  std::vector<std::string> ops;
+  Op op;
+  while (program.ok() && program->Next(&op)) {
+    if (op.IsCompute()) ops.push_back(op.ToString());
+  }
+  return ops;
+}
+
+// Every op, transfers included.
+std::vector<std::string> FullProgram(absl::StatusOr<StageProgram> program) {
   EXPECT_TRUE(program.ok()) << program.status();
   std::vector<std::string> ops;
   Op op;
@@ -156,6 +171,7 @@ TEST(StageProgramTest, BackwardAlwaysUsesItsForwardsVersion) {
           int forwards = 0, backwards = 0;
           Op op;
           while (program->Next(&op)) {
+            if (!op.IsCompute()) continue;
             if (op.type == Op::kForward) {
               EXPECT_LE(op.weight_version, updates);
               forward_version[op.micro_batch] = op.weight_version;
@@ -231,6 +247,105 @@ TEST(ValidateScheduleOptionsTest, RejectsBadShapes) {
   EXPECT_FALSE(StageProgram::Create(Options(ScheduleKind::kAsync, 2, 1, 1), 2,
                                     0)
                    .ok());
+}
+
+TEST(StageProgramTest, TransfersAreOpsOfTheProgram) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 1, 3);
+  options.recv_lookahead = 1;
+  // Stage 0: sends activations after each forward; receives gradients,
+  // posted one receiving op ahead; drains its sends at the end.
+  EXPECT_EQ(FullProgram(StageProgram::Create(options, 0, 0)),
+            (std::vector<std::string>{
+                "RG0<0", "F0@v0", "SA0>0", "F1@v0", "SA1>0", "B0@v0",
+                "RG1<0", "U0->v1", "F2@v1", "SA2>0", "B1@v0", "RG2<0",
+                "U1->v2", "B2@v1", "U2->v3", "FL"}));
+  // Stage 1 (last): receives activations, sends gradients back.
+  EXPECT_EQ(FullProgram(StageProgram::Create(options, 1, 0)),
+            (std::vector<std::string>{
+                "RA0<0", "F0@v0", "RA1<0", "B0@v0", "SG0>0", "U0->v1",
+                "F1@v1", "RA2<0", "B1@v1", "SG1>0", "U1->v2", "F2@v2",
+                "B2@v2", "SG2>0", "U2->v3", "FL"}));
+}
+
+TEST(StageProgramTest, ReceivesArePostedAheadInTheirSendersOrder) {
+  for (int lookahead : {1, 3, 16}) {
+    ScheduleOptions options = Options(ScheduleKind::k1F1BFlush, 3, 6, 4);
+    options.replicas = {2, 1, 3};
+    options.recv_lookahead = lookahead;
+    for (int s = 0; s < 3; ++s) {
+      for (int r = 0; r < options.Replicas(s); ++r) {
+        absl::StatusOr<StageProgram> program = StageProgram::Create(options, s, r);
+        ASSERT_TRUE(program.ok());
+        std::map<std::pair<int, int>, int64_t> last_posted;  // (kind, peer)
+        std::set<int64_t> posted_activations, posted_gradients;
+        int outstanding = 0, max_outstanding = 0;
+        Op op;
+        while (program->Next(&op)) {
+          if (op.type == Op::kRecvActivations || op.type == Op::kRecvGradients) {
+            const bool activations = op.type == Op::kRecvActivations;
+            // From the neighbour's replica j mod R, in increasing j.
+            const int neighbour = activations ? s - 1 : s + 1;
+            ASSERT_GE(neighbour, 0);
+            EXPECT_EQ(op.peer, op.micro_batch % options.Replicas(neighbour));
+            auto key = std::make_pair(activations ? 0 : 1, op.peer);
+            if (last_posted.count(key)) EXPECT_GT(op.micro_batch, last_posted[key]);
+            last_posted[key] = op.micro_batch;
+            (activations ? posted_activations : posted_gradients)
+                .insert(op.micro_batch);
+            max_outstanding = std::max(max_outstanding, ++outstanding);
+          } else if (op.type == Op::kForward && s > 0) {
+            EXPECT_EQ(posted_activations.erase(op.micro_batch), 1u) << op.ToString();
+            --outstanding;
+          } else if (op.type == Op::kBackward && s < 2) {
+            EXPECT_EQ(posted_gradients.erase(op.micro_batch), 1u) << op.ToString();
+            --outstanding;
+          }
+        }
+        EXPECT_TRUE(posted_activations.empty());
+        EXPECT_TRUE(posted_gradients.empty());
+        EXPECT_LE(max_outstanding, lookahead);
+      }
+    }
+  }
+}
+
+TEST(StageProgramTest, ReplicatedStagesAllReduceBeforeEachUpdate) {
+  ScheduleOptions options = Options(ScheduleKind::kDataParallel, 1, 2, 2);
+  options.replicas = {2};
+  EXPECT_EQ(FullProgram(StageProgram::Create(options, 0, 1)),
+            (std::vector<std::string>{"F1@v0", "B1@v0", "AR1->v1", "U1->v1",
+                                      "F3@v1", "B3@v1", "AR3->v2", "U3->v2"}));
+}
+
+TEST(StageProgramTest, EvaluationIsAForwardOnlyProgram) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 3, 1, 1);
+  options.replicas = {1, 2, 1};
+  EXPECT_EQ(FullProgram(StageProgram::CreateEvaluation(options, 0, 0, 2)),
+            (std::vector<std::string>{"F0@v0", "SA0>0", "F1@v0", "SA1>0", "FL",
+                                      "RR"}));
+  EXPECT_EQ(FullProgram(StageProgram::CreateEvaluation(options, 1, 0, 2)),
+            (std::vector<std::string>{"RA0<0", "RA1<0", "F0@v0", "SA0>0",
+                                      "F1@v0", "SA1>0", "FL", "RR"}));
+  // Replicas other than 0 only share the result.
+  EXPECT_EQ(FullProgram(StageProgram::CreateEvaluation(options, 1, 1, 2)),
+            (std::vector<std::string>{"RR"}));
+  EXPECT_EQ(FullProgram(StageProgram::CreateEvaluation(options, 2, 0, 2)),
+            (std::vector<std::string>{"RA0<0", "RA1<0", "F0@v0", "F1@v0", "RR"}));
+  EXPECT_FALSE(StageProgram::CreateEvaluation(options, 0, 0, -1).ok());
+}
+
+TEST(ValidateScheduleOptionsTest, RecvLookaheadMustBePositive) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 1, 1);
+  options.recv_lookahead = 0;
+  EXPECT_FALSE(ValidateScheduleOptions(options).ok());
+}
+
+TEST(RankOfTest, StageMajor) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 3, 4, 1);
+  options.replicas = {2, 1, 3};
+  EXPECT_EQ(RankOf(options, 0, 1), 1);
+  EXPECT_EQ(RankOf(options, 1, 0), 2);
+  EXPECT_EQ(RankOf(options, 2, 2), 5);
 }
 
 }  // namespace

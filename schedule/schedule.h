@@ -1,7 +1,9 @@
 // Pipeline schedules: the single definition of which operation each pipeline
-// stage replica performs next. The partitioner's simulator and the worker
-// runtime both execute these programs, so a simulated and an executed
-// timeline are comparable op by op.
+// stage replica performs next, communication included. The partitioner's
+// simulator and the worker runtime both execute these programs, so a
+// simulated and an executed timeline are comparable op by op, and the
+// runtime derives no transfer of its own: every receive it posts, every
+// send and every all-reduce is an op of the program.
 //
 // Thread-safety: all free functions are thread-safe. A StageProgram is a
 // value type with mutable iteration state; use one instance per thread (the
@@ -33,6 +35,28 @@
 //     the same replica computed earlier in its own program.
 //   * kUpdate on a replicated stage is a collective over the stage's replicas.
 //
+// Communication ops (peer = the replica index of the neighbour stage; the
+// runtime maps (stage, replica) to a rank):
+//   kRecvActivations(j, r)  posts the receive of micro-batch j's input
+//       bundle from stage s-1 replica r (= j mod R_{s-1}); non-blocking. The
+//       kForward(j) that follows consumes it (waiting if it has not arrived).
+//   kSendActivations(j, r)  right after kForward(j): its output bundle to
+//       stage s+1 replica j mod R_{s+1} (enqueued; sent on comm threads).
+//   kRecvGradients(j, r)    posts the receive of j's output gradients from
+//       stage s+1; consumed by kBackward(j).
+//   kSendGradients(j, r)    right after kBackward(j): its input gradients to
+//       stage s-1.
+//   kAllReduce(v)           right before kUpdate(v) on a replicated stage:
+//       sums the accumulated gradients over the stage's replicas.
+//   kFlush                  last op of a program that sends: waits until
+//       every send has completed (a phase boundary drains the pipeline).
+//   kReduceResult           evaluation programs only, on every replica of
+//       every stage: sums the evaluation's counts over all ranks, so every
+//       rank learns the accuracy (and whether the job reached its target).
+// Receives are posted `recv_lookahead` consuming ops ahead, in the order
+// their sender sends them (increasing j per peer), so the bytes of later
+// micro-batches land while the stage computes.
+//
 // Weight-version contract (weight stashing): every kForward op names the
 // version it must use; the kBackward of the same micro-batch names the same
 // version, so the runtime can check that a backward pass runs against exactly
@@ -60,8 +84,8 @@
 //   kDataParallel  one stage (num_stages == 1) whose replicas each run
 //           forward, backward per local micro-batch and all-reduce in kUpdate.
 
-#ifndef APAPO_PARTITIONER_SCHEDULE_H_
-#define APAPO_PARTITIONER_SCHEDULE_H_
+#ifndef APAPO_SCHEDULE_SCHEDULE_H_
+#define APAPO_SCHEDULE_SCHEDULE_H_
 
 #include <cstdint>
 #include <deque>
@@ -85,20 +109,41 @@ absl::string_view ScheduleKindName(ScheduleKind kind);
 bool IsAsynchronous(ScheduleKind kind);
 
 struct Op {
-  enum Type { kForward, kBackward, kUpdate };
+  enum Type {
+    // Compute.
+    kForward,
+    kBackward,
+    kUpdate,
+    // Communication (see above).
+    kRecvActivations,
+    kSendActivations,
+    kRecvGradients,
+    kSendGradients,
+    kAllReduce,
+    kFlush,
+    kReduceResult,
+  };
   Type type = kForward;
-  // kForward / kBackward: global micro-batch index. kUpdate: global index of
-  // the last micro-batch of the iteration whose gradients it applies.
+  // kForward / kBackward and the transfers of their tensors: global
+  // micro-batch index (evaluation: the test batch). kUpdate / kAllReduce:
+  // global index of the last micro-batch of the iteration whose gradients
+  // they apply.
   int64_t micro_batch = 0;
   // kForward: version to run with. kBackward: version its forward used.
-  // kUpdate: version produced (1 for the first update).
+  // kUpdate / kAllReduce: version produced (1 for the first update).
   int64_t weight_version = 0;
+  // Transfers: the neighbour stage's replica index; -1 otherwise.
+  int peer = -1;
 
+  bool IsCompute() const {
+    return type == kForward || type == kBackward || type == kUpdate;
+  }
   bool operator==(const Op& other) const {
     return type == other.type && micro_batch == other.micro_batch &&
-           weight_version == other.weight_version;
+           weight_version == other.weight_version && peer == other.peer;
   }
-  // "F3@v1", "B3@v1", "U7->v2".
+  // "F3@v1", "B3@v1", "U7->v2"; "RA3<0", "SA3>1", "RG3<0", "SG3>0",
+  // "AR7->v2", "FL", "RR".
   std::string ToString() const;
 };
 
@@ -112,11 +157,18 @@ struct ScheduleOptions {
   // Upper bound on micro-batches a replica keeps in flight (forward done,
   // backward not). 0: the schedule's default (see InFlightDepth).
   int max_in_flight = 0;
+  // Receives posted ahead: a program posts the receive of an op's input
+  // when it is at most this many receiving ops ahead of the op (>= 1).
+  int recv_lookahead = 16;
 
   int Replicas(int stage) const {
     return replicas.empty() ? 1 : replicas[stage];
   }
 };
+
+// Global rank of replica `replica` of `stage`: stage-major (stage 0's
+// replicas first), the numbering every process group of a job uses.
+int RankOf(const ScheduleOptions& options, int stage, int replica);
 
 // Checks ranges (p >= 1, m >= 1, R_s >= 1, iterations >= 0, dp has one
 // stage, synchronous schedules have R_s <= m, 2bw has d_s <= m / R_s).
@@ -148,11 +200,19 @@ int InFlightDepth(const ScheduleOptions& options, int stage);
 //   while (program->Next(&op)) Execute(op);
 class StageProgram {
  public:
+  // The training program of num_iterations iterations.
   static absl::StatusOr<StageProgram> Create(const ScheduleOptions& options,
                                              int stage, int replica);
+  // The forward-only evaluation program over `batches` test batches:
+  // replica 0 of every stage runs kForward(b) (with its transfers) for
+  // b = 0 .. batches-1 on the newest weights (weight_version 0, relative to
+  // the version at the program's start); then every replica runs
+  // kReduceResult. Other replicas run only kReduceResult.
+  static absl::StatusOr<StageProgram> CreateEvaluation(
+      const ScheduleOptions& options, int stage, int replica, int64_t batches);
 
   // Writes the next op and returns true, or returns false when the program
-  // (num_iterations iterations) is complete.
+  // is complete.
   bool Next(Op* op);
 
   int stage() const { return stage_; }
@@ -164,6 +224,10 @@ class StageProgram {
 
  private:
   StageProgram(const ScheduleOptions& options, int stage, int replica);
+  // The compute ops alone (the schedule proper).
+  bool NextCompute(Op* op);
+  // Appends the receive a compute op consumes, if any, to out_.
+  void PushReceiveFor(const Op& compute);
   void Refill();
   void PushForward(int64_t local);
   void PushBackward(int64_t local);
@@ -182,13 +246,28 @@ class StageProgram {
   int64_t m_;
   int64_t iterations_;
   int64_t total_local_ = 0;  // local micro-batches over all iterations
+  // Neighbour stages' replica counts (0: no such neighbour).
+  int prev_replicas_ = 0;
+  int next_replicas_ = 0;
+  int recv_lookahead_ = 16;
+  bool evaluation_ = false;
+  int64_t eval_batches_ = 0;
+  int64_t eval_next_ = 0;  // next batch to generate
+  bool eval_reduced_ = false;
 
   // Generation state.
   int64_t step_ = 0;  // no-flush: next backward; flush: next iteration
   bool warmed_up_ = false;   // no-flush only
   int64_t version_ = 0;      // updates generated so far
   std::deque<int64_t> stash_;  // versions of forwards not yet backwarded
-  std::deque<Op> queue_;
+  std::deque<Op> queue_;       // compute ops generated, not yet windowed
+  // Compute ops whose receives are posted, not yet emitted, and how many of
+  // them receive.
+  std::deque<Op> window_;
+  int window_receives_ = 0;
+  std::deque<Op> out_;  // ops ready to emit, in order
+  bool sends_ = false;  // the program has emitted a send
+  bool done_ = false;
 };
 
 // What one stage replica's program needs, measured by running it.
@@ -210,4 +289,4 @@ absl::StatusOr<StageScheduleStats> AnalyzeStage(const ScheduleOptions& options,
 }  // namespace schedule
 }  // namespace apapo
 
-#endif  // APAPO_PARTITIONER_SCHEDULE_H_
+#endif  // APAPO_SCHEDULE_SCHEDULE_H_

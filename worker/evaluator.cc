@@ -1,0 +1,126 @@
+#include "worker/evaluator.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace apapo::worker {
+
+using schedule::Op;
+
+Evaluator::Evaluator(const StageContext* context, const Dataset* test,
+                     int64_t batch_size)
+    : context_(context), test_(test), batch_size_(batch_size) {}
+
+std::vector<at::Tensor> Evaluator::LoadBatch(int64_t b) const {
+  const int64_t eb = batch_size_;
+  const int64_t valid = std::min(eb, test_->size() - b * eb);
+  const DataShape& ds = test_->shape();
+  std::vector<int64_t> xs{eb};
+  xs.insert(xs.end(), ds.sample_shape.begin(), ds.sample_shape.end());
+  std::vector<int64_t> ys{eb};
+  const Shape ls = test_->label_shape();
+  ys.insert(ys.end(), ls.begin(), ls.end());
+  at::Tensor x = torch::zeros(
+      xs, ds.sample_dtype == DType::kInt64 ? torch::kLong : torch::kFloat);
+  at::Tensor y = torch::zeros(ys, torch::kLong);
+  const int64_t xst = x.numel() / eb, yst = y.numel() / eb;
+  const int64_t elem = ds.sample_dtype == DType::kInt64 ? 8 : 4;
+  for (int64_t i = 0; i < valid; ++i) {
+    test_->Get(b * eb + i, static_cast<char*>(x.data_ptr()) + i * xst * elem,
+               y.data_ptr<int64_t>() + i * yst);
+  }
+  return {x, y};
+}
+
+absl::StatusOr<double> Evaluator::Evaluate(
+    const std::vector<at::Tensor>& weights, int64_t phase) {
+  const StageContext& c = *context_;
+  torch::NoGradGuard no_grad;
+  const int64_t eb = batch_size_;
+  const int64_t n = test_->size();
+  const int64_t batches = (n + eb - 1) / eb;
+  auto program = schedule::StageProgram::CreateEvaluation(
+      c.schedule, c.stage, c.replica, batches);
+  if (!program.ok()) return c.Fail("evaluation schedule", program.status());
+  int64_t correct = 0, counted = 0;
+  std::map<int64_t, int> sources;          // batch -> rank it comes from
+  std::map<int64_t, at::Tensor> outputs;   // batch -> bundle to send
+  double accuracy = 0;
+  Op op;
+  while (program->Next(&op)) {
+    const int64_t b = op.micro_batch;
+    const int64_t tag = MessageTag(phase, b);
+    switch (op.type) {
+      case Op::kRecvActivations: {
+        const int src = c.RankOf(c.stage - 1, op.peer);
+        absl::Status st = c.transport->ExpectRecv(
+            src, tag, BundleBytes(c.layout->inputs, eb));
+        if (!st.ok()) return c.Fail("posting eval receives", st);
+        sources[b] = src;
+        break;
+      }
+      case Op::kForward: {
+        std::vector<at::Tensor> inputs;
+        if (c.first()) {
+          inputs = LoadBatch(b);
+        } else {
+          auto bytes = c.transport->Recv(sources.at(b), tag);
+          sources.erase(b);
+          if (!bytes.ok()) {
+            return c.Fail("receiving eval activations", bytes.status());
+          }
+          auto unpacked = UnpackBundle(*bytes, c.layout->inputs, eb);
+          if (!unpacked.ok()) {
+            return c.Fail("unpacking eval activations", unpacked.status());
+          }
+          inputs = *std::move(unpacked);
+        }
+        auto fwd = c.model->Forward(inputs, weights, /*training=*/false);
+        if (!fwd.ok()) return c.Fail("eval forward", fwd.status());
+        if (c.last()) {
+          const int64_t valid = std::min(eb, n - b * eb);
+          auto [k, m] = CountCorrect(fwd->logits, fwd->labels, valid);
+          correct += k;
+          counted += m;
+        } else {
+          outputs[b] = PackBundle(fwd->outputs);
+        }
+        break;
+      }
+      case Op::kSendActivations: {
+        absl::Status st = c.transport->Send(c.RankOf(c.stage + 1, op.peer), tag,
+                                            outputs.at(b));
+        outputs.erase(b);
+        if (!st.ok()) return c.Fail("sending eval activations", st);
+        break;
+      }
+      case Op::kFlush: {
+        absl::Status st = c.transport->Flush();
+        if (!st.ok()) return c.Fail("draining eval sends", st);
+        break;
+      }
+      case Op::kReduceResult: {
+        std::vector<at::Tensor> counts{torch::tensor(
+            {static_cast<double>(correct), static_cast<double>(counted)},
+            torch::kDouble)};
+        if (c.transport != nullptr) {
+          absl::Status st = c.transport->AllReduceSum(c.world_group(), counts);
+          if (!st.ok()) return c.Fail("sharing the evaluation result", st);
+        }
+        const double total = counts[0][1].item<double>();
+        accuracy = total > 0 ? counts[0][0].item<double>() / total : 0;
+        break;
+      }
+      default:
+        return absl::InternalError(absl::StrCat(
+            c.label, ": evaluation program has op ", op.ToString()));
+    }
+  }
+  return accuracy;
+}
+
+}  // namespace apapo::worker

@@ -1,0 +1,71 @@
+// StageObserver: the one interface through which a stage executor tells the
+// outside how it is doing: its per-stage counters (StageReport) on every
+// replica, and the training progress (TrainingProgress: step, loss,
+// throughput, accuracy) on the last stage's replica 0. The stage runner's
+// implementation turns both into throttled MetricsReports; tests record
+// them. Torch-free, so that what consumes the reports needs no LibTorch.
+//
+// Thread-safety: the executor calls an observer from its one compute
+// thread; implementations need no locking unless they share state.
+#ifndef APAPO_WORKER_STAGE_OBSERVER_H_
+#define APAPO_WORKER_STAGE_OBSERVER_H_
+
+#include <cstdint>
+
+#include "proto/apapo/v1/metrics.pb.h"
+
+namespace apapo::worker {
+
+// Counters of one stage replica: cumulative since the executor started.
+struct StageReport {
+  int stage = 0;
+  int replica = 0;
+  int rank = 0;
+  double busy_seconds = 0;
+  double idle_seconds = 0;          // blocked receiving inputs/gradients
+  double comm_exposed_seconds = 0;  // blocked on send drains and all-reduce
+  double comm_total_seconds = 0;    // transfer time on comm threads
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t forward_micro_batches = 0;
+  int64_t backward_micro_batches = 0;
+  int64_t max_staleness = 0;
+  int max_weight_versions = 0;
+  int64_t steps = 0;
+  double train_seconds = 0;  // wall time of the training phases
+  int64_t samples = 0;       // training samples this replica processed
+  // Last stage only.
+  double final_loss = 0;  // mean over the last epoch's micro-batches
+  double test_accuracy = -1;
+  int64_t num_params = 0;
+};
+
+// Progress of the whole pipeline, as the last stage sees it.
+struct TrainingProgress {
+  int64_t step = 0;         // optimizer steps done
+  int64_t total_steps = 0;  // steps the run will do
+  int64_t epoch = 0;        // 1-based
+  double loss = 0;          // mean over recent micro-batches
+  double samples_per_second = 0;
+  double test_accuracy = -1;  // after an evaluation, else -1
+};
+
+class StageObserver {
+ public:
+  virtual ~StageObserver() = default;
+  // Every replica, every `progress_every` optimizer steps (before
+  // OnProgress): the counters so far, train_seconds up to now.
+  virtual void OnCounters(const StageReport& counters) {}
+  // The last stage's replica 0, every `progress_every` steps and after each
+  // evaluation.
+  virtual void OnProgress(const TrainingProgress& progress) {}
+};
+
+// Copies a replica's counters into the StageMetrics a MetricsReport carries
+// (everything but step_seconds, whose source differs by caller).
+void FillStageMetrics(const StageReport& report, int stage, int rank,
+                      apapo::v1::StageMetrics* metrics);
+
+}  // namespace apapo::worker
+
+#endif  // APAPO_WORKER_STAGE_OBSERVER_H_
