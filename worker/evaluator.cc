@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "worker/batch_loader.h"
 
 namespace apapo::worker {
 
@@ -16,24 +17,12 @@ Evaluator::Evaluator(const StageContext* context, const Dataset* test,
     : context_(context), test_(test), batch_size_(batch_size) {}
 
 std::vector<at::Tensor> Evaluator::LoadBatch(int64_t b) const {
-  const int64_t eb = batch_size_;
-  const int64_t valid = std::min(eb, test_->size() - b * eb);
-  const DataShape& ds = test_->shape();
-  std::vector<int64_t> xs{eb};
-  xs.insert(xs.end(), ds.sample_shape.begin(), ds.sample_shape.end());
-  std::vector<int64_t> ys{eb};
-  const Shape ls = test_->label_shape();
-  ys.insert(ys.end(), ls.begin(), ls.end());
-  at::Tensor x = torch::zeros(
-      xs, ds.sample_dtype == DType::kInt64 ? torch::kLong : torch::kFloat);
-  at::Tensor y = torch::zeros(ys, torch::kLong);
-  const int64_t xst = x.numel() / eb, yst = y.numel() / eb;
-  const int64_t elem = ds.sample_dtype == DType::kInt64 ? 8 : 4;
-  for (int64_t i = 0; i < valid; ++i) {
-    test_->Get(b * eb + i, static_cast<char*>(x.data_ptr()) + i * xst * elem,
-               y.data_ptr<int64_t>() + i * yst);
+  std::vector<int64_t> rows;
+  for (int64_t i = b * batch_size_;
+       i < std::min(test_->size(), (b + 1) * batch_size_); ++i) {
+    rows.push_back(i);
   }
-  return {x, y};
+  return LoadRows(*test_, rows, batch_size_);
 }
 
 absl::StatusOr<double> Evaluator::Evaluate(

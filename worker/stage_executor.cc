@@ -3,13 +3,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/batch_loader.h"
 #include "worker/evaluator.h"
 #include "worker/model_builder.h"
 #include "worker/optimizer.h"
@@ -78,12 +78,8 @@ struct StageExecutor::Impl {
   StageReport report;
   absl::Time phase_start;  // of the training phase running now
   std::vector<BackwardRecord> records;
-  std::deque<double> recent_losses;
-  double epoch_loss_sum = 0;
-  int64_t epoch_loss_count = 0;
+  ProgressTracker progress;
   double last_accuracy = -1;
-  absl::Time progress_start;
-  int64_t progress_samples = 0;
 
   const StageLayout& layout() const { return *context.layout; }
   Transport* transport() const { return context.transport; }
@@ -103,29 +99,14 @@ struct StageExecutor::Impl {
     return r;
   }
 
-  // Reads micro-batch `local` (0-based within the iteration) of iteration
+  // Micro-batch `local` (0-based within the iteration) of iteration
   // `iteration` of the epoch whose sample order is `order`.
   std::vector<at::Tensor> LoadMicroBatch(int64_t iteration, int64_t local,
                                          const std::vector<int64_t>& order) {
-    const DataShape& ds = train->shape();
-    std::vector<int64_t> xs{micro_batch_size};
-    xs.insert(xs.end(), ds.sample_shape.begin(), ds.sample_shape.end());
-    std::vector<int64_t> ys{micro_batch_size};
-    const Shape ls = train->label_shape();
-    ys.insert(ys.end(), ls.begin(), ls.end());
-    at::Tensor x = torch::empty(
-        xs, ds.sample_dtype == DType::kInt64 ? torch::kLong : torch::kFloat);
-    at::Tensor y = torch::empty(ys, torch::kLong);
-    const int64_t x_stride = x.numel() / micro_batch_size;
-    const int64_t y_stride = y.numel() / micro_batch_size;
-    const int64_t elem = ds.sample_dtype == DType::kInt64 ? 8 : 4;
-    for (int64_t i = 0; i < micro_batch_size; ++i) {
-      const int64_t row = order[iteration * config.data.batch_size +
-                                local * micro_batch_size + i];
-      train->Get(row, static_cast<char*>(x.data_ptr()) + i * x_stride * elem,
-                 y.data_ptr<int64_t>() + i * y_stride);
-    }
-    return {x, y};
+    const int64_t first =
+        iteration * config.data.batch_size + local * micro_batch_size;
+    return LoadRows(*train, absl::MakeConstSpan(order).subspan(first, micro_batch_size),
+                    micro_batch_size);
   }
 
   // ---- transfers ----
@@ -235,11 +216,7 @@ struct StageExecutor::Impl {
     s.version = v;
     s.inputs = std::move(inputs);
     if (layout().is_last) {
-      const double loss = fwd->loss.item<double>();
-      recent_losses.push_back(loss);
-      if (recent_losses.size() > 50) recent_losses.pop_front();
-      epoch_loss_sum += loss;
-      ++epoch_loss_count;
+      progress.AddLoss(fwd->loss.item<double>());
       // d(mini-batch mean)/d(micro-batch mean) = 1/m for equal micro-batches.
       s.loss = fwd->loss / static_cast<double>(m);
     } else {
@@ -473,26 +450,12 @@ struct StageExecutor::Impl {
     return absl::OkStatus();
   }
 
-  TrainingProgress Progress(int64_t epoch) const {
-    TrainingProgress p;
-    p.step = global_step;
-    p.total_steps = total_steps;
-    p.epoch = epoch + 1;
-    double sum = 0;
-    for (double l : recent_losses) sum += l;
-    p.loss = recent_losses.empty() ? 0 : sum / recent_losses.size();
-    const double secs = absl::ToDoubleSeconds(absl::Now() - progress_start);
-    p.samples_per_second = secs > 0 ? progress_samples / secs : 0;
-    p.test_accuracy = last_accuracy;
-    return p;
-  }
-
   bool ReportsProgress() const {
     return layout().is_last && config.replica == 0;
   }
 
   void MaybeReportProgress(int64_t epoch) {
-    progress_samples += config.data.batch_size;
+    progress.AddSamples(config.data.batch_size);
     if (config.observer == nullptr || config.progress_every <= 0 ||
         global_step % config.progress_every != 0) {
       return;
@@ -500,7 +463,10 @@ struct StageExecutor::Impl {
     StageReport now = Snapshot();
     now.train_seconds += absl::ToDoubleSeconds(absl::Now() - phase_start);
     config.observer->OnCounters(now);
-    if (ReportsProgress()) config.observer->OnProgress(Progress(epoch));
+    if (ReportsProgress()) {
+      config.observer->OnProgress(progress.Progress(
+          global_step, total_steps, epoch + 1, last_accuracy, absl::Now()));
+    }
   }
 
   // ---- checkpoints ----
@@ -585,13 +551,12 @@ struct StageExecutor::Impl {
 
   absl::Status Run() {
     if (absl::Status st = MaybeResume(); !st.ok()) return st;
-    progress_start = absl::Now();
+    progress.Start(absl::Now());
     const int64_t every =
         config.checkpoint.store == nullptr ? 0 : config.checkpoint.every_steps;
     for (int64_t epoch = global_step / steps_per_epoch;
          epoch < config.limits.epochs; ++epoch) {
-      epoch_loss_sum = 0;
-      epoch_loss_count = 0;
+      progress.StartEpoch();
       int64_t it = global_step - epoch * steps_per_epoch;
       while (it < steps_per_epoch && global_step < total_steps) {
         int64_t n = std::min(steps_per_epoch - it, total_steps - global_step);
@@ -602,9 +567,7 @@ struct StageExecutor::Impl {
           if (absl::Status st = SaveCheckpoint(); !st.ok()) return st;
         }
       }
-      if (epoch_loss_count > 0) {
-        report.final_loss = epoch_loss_sum / epoch_loss_count;
-      }
+      if (progress.has_epoch_loss()) report.final_loss = progress.epoch_mean_loss();
       const bool last_epoch =
           epoch + 1 == config.limits.epochs || global_step >= total_steps;
       const int64_t eval_every = config.evaluation.every_epochs;

@@ -2,6 +2,29 @@
 
 namespace apapo::worker {
 
+void ProgressTracker::AddLoss(double loss) {
+  recent_losses_.push_back(loss);
+  if (recent_losses_.size() > kRecentLosses) recent_losses_.pop_front();
+  epoch_loss_sum_ += loss;
+  ++epoch_loss_count_;
+}
+
+TrainingProgress ProgressTracker::Progress(int64_t step, int64_t total_steps,
+                                           int64_t epoch, double test_accuracy,
+                                           absl::Time now) const {
+  TrainingProgress p;
+  p.step = step;
+  p.total_steps = total_steps;
+  p.epoch = epoch;
+  double sum = 0;
+  for (double l : recent_losses_) sum += l;
+  p.loss = recent_losses_.empty() ? 0 : sum / recent_losses_.size();
+  const double secs = absl::ToDoubleSeconds(now - start_);
+  p.samples_per_second = secs > 0 ? samples_ / secs : 0;
+  p.test_accuracy = test_accuracy;
+  return p;
+}
+
 void FillStageMetrics(const StageReport& r, int stage, int rank,
                       apapo::v1::StageMetrics* sm) {
   sm->set_stage(stage);

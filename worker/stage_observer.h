@@ -11,6 +11,9 @@
 #define APAPO_WORKER_STAGE_OBSERVER_H_
 
 #include <cstdint>
+#include <deque>
+
+#include "absl/time/time.h"
 
 #include "proto/apapo/v1/metrics.pb.h"
 
@@ -59,6 +62,35 @@ class StageObserver {
   // The last stage's replica 0, every `progress_every` steps and after each
   // evaluation.
   virtual void OnProgress(const TrainingProgress& progress) {}
+};
+
+// The last stage's running figures behind TrainingProgress: the mean of the
+// recent micro-batch losses, the epoch's mean loss, and the throughput since
+// Start. Not thread-safe (the executor's compute thread).
+class ProgressTracker {
+ public:
+  void Start(absl::Time now) { start_ = now; }
+  void StartEpoch() {
+    epoch_loss_sum_ = 0;
+    epoch_loss_count_ = 0;
+  }
+  void AddLoss(double loss);
+  // Training samples of a finished optimizer step.
+  void AddSamples(int64_t samples) { samples_ += samples; }
+  bool has_epoch_loss() const { return epoch_loss_count_ > 0; }
+  double epoch_mean_loss() const {
+    return epoch_loss_count_ > 0 ? epoch_loss_sum_ / epoch_loss_count_ : 0;
+  }
+  TrainingProgress Progress(int64_t step, int64_t total_steps, int64_t epoch,
+                            double test_accuracy, absl::Time now) const;
+
+ private:
+  static constexpr size_t kRecentLosses = 50;
+  std::deque<double> recent_losses_;
+  double epoch_loss_sum_ = 0;
+  int64_t epoch_loss_count_ = 0;
+  absl::Time start_;
+  int64_t samples_ = 0;
 };
 
 // Copies a replica's counters into the StageMetrics a MetricsReport carries
