@@ -8,7 +8,7 @@ tests of the suite, ~15-20 minutes on 2 cores):
   $APAPO_BAZEL_DISK_CACHE, keeps that build short). The job succeeds, the planner ran it as an async pipeline on 2 stages, and its
   test accuracy is within 0.5 point of single-process training of the same
   model and settings (which the demo also runs), as the runtime issue asks;
-- the `cnn` with the async schedule on 2 stages (local launcher) reaches
+- the `cnn` with the async schedule on 2 stages (`apapo-worker --local=2`) reaches
   >= 89% test accuracy in 3 epochs.
 
 Both figures are printed, so the CI log states them."""

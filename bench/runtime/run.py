@@ -44,16 +44,22 @@ COORDINATOR = os.path.join(BIN, "coordinator", "apapo-coordinator")
 PY = "/usr/bin/python3"
 SPECS = {"mlp": os.path.join(ROOT, "worker/testdata/mlp_fashion_mnist.textproto"),
          "cnn": os.path.join(ROOT, "worker/testdata/cnn_fashion_mnist.textproto")}
-ROWS = ["single", "auto", "async", "async_nowp", "async_local", "1f1b_flush", "gpipe",
-        "replicas2", "ddp", "pipe"]
+ROWS = ["single", "auto", "auto_base", "async", "async_base", "async_nowp", "async_local",
+        "1f1b_flush", "gpipe", "replicas2", "ddp", "pipe"]
+# Rows served by the build given as --baseline_bin (the code before a change),
+# in the same rounds as their counterparts: "<row>_base" runs <row> there.
+BASE_SUFFIX = "_base"
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
-CLUSTER_ROWS = ("auto", "async", "async_nowp", "1f1b_flush", "gpipe", "replicas2")
+CLUSTER_ROWS = ("auto", "async", "async_nowp", "1f1b_flush", "gpipe", "replicas2",
+                "auto_base", "async_base")
 LABELS = {
     "single": "single process, 1 core (apapo-worker --local=1)",
     "auto": "ours, planner's choice (coordinator + 2 daemons)",
+    "auto_base": "ours before the change, planner's choice (--baseline_bin)",
     "async": "ours, async (coordinator, planned)",
+    "async_base": "ours before the change, async (--baseline_bin)",
     "async_nowp": "ours, async without weight prediction (coordinator)",
     "async_local": "ours, async, 2 stages, whole-layer cut (--local=2)",
     "1f1b_flush": "ours, 1f1b_flush (coordinator, planned)",
@@ -78,6 +84,7 @@ def make_spec(model, row, max_steps, epochs, workdir):
     spec.limits.max_steps = max_steps
     spec.resources.workers = 2
     spec.resources.threads_per_worker = 1
+    row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     s = spec.schedule
     s.Clear()
     if row == "single":
@@ -102,7 +109,7 @@ def make_spec(model, row, max_steps, epochs, workdir):
         s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
         s.weight_prediction = False
     elif row == "async_local":
-        # The local launcher's contiguous, compute-balanced whole-layer cut.
+        # --local's forced layout: the contiguous, compute-balanced whole-layer cut.
         s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
     elif row == "replicas2":
         # Each replica takes one micro-batch (64 samples) of the 128.
@@ -117,13 +124,17 @@ def make_spec(model, row, max_steps, epochs, workdir):
 
 # ---------------------------------------------------------------- processes
 def pin_children(parent_pid, stop):
-    """The local launcher forks its ranks itself: pins rank r (its argv
-    carries --rank=r) and all its threads to core r."""
+    """`--local=N` forks one stage process per rank (from one thread each):
+    pins the k-th stage process seen, and all its threads, to core k % 2.
+    (Builds before the one stage runner passed --rank=r: then core r.)"""
     pinned = {}
+    order = []
     deadline = time.time() + 15
     while not stop.is_set() and time.time() < deadline:
+        kids = []
         try:
-            kids = open(f"/proc/{parent_pid}/task/{parent_pid}/children").read().split()
+            for tid in os.listdir(f"/proc/{parent_pid}/task"):
+                kids += open(f"/proc/{parent_pid}/task/{tid}/children").read().split()
         except OSError:
             return
         for pid in kids:
@@ -132,6 +143,10 @@ def pin_children(parent_pid, stop):
             except OSError:
                 continue
             rank = next((int(a[7:]) for a in argv if a.startswith("--rank=")), None)
+            if rank is None and any(a.startswith("--run_assignment=") for a in argv):
+                if pid not in order:
+                    order.append(pid)
+                rank = order.index(pid)
             if rank is None:
                 continue
             n = pinned.get(pid, 0)
@@ -230,18 +245,22 @@ class Cluster:
     """A coordinator and two worker daemons (w-1 on core 0, w-2 on core 1),
     as deploy/demo.sh starts them."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, bin_dir=BIN, name="cluster"):
         self.procs = []
-        self.workdir = workdir
+        self.workdir = os.path.join(workdir, name)
+        os.makedirs(self.workdir, exist_ok=True)
+        workdir = self.workdir
         clog = os.path.join(workdir, "coordinator.log")
         self.procs.append(self._start(
-            [COORDINATOR, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+            [os.path.join(bin_dir, "coordinator", "apapo-coordinator"),
+             "--host=127.0.0.1", "--port=0", "--metrics_port=0",
              f"--state={os.path.join(workdir, 'coordinator.db')}"], clog))
         self.port = int(self._wait(clog, r"listening on port (\d+)"))
         for i, worker_id in enumerate(["w-1", "w-2"]):
             wlog = os.path.join(workdir, f"{worker_id}.log")
             self.procs.append(self._start(
-                ["taskset", "-c", str(i), WORKER, f"--coordinator=127.0.0.1:{self.port}",
+                ["taskset", "-c", str(i), os.path.join(bin_dir, "worker", "apapo-worker"),
+                 f"--coordinator=127.0.0.1:{self.port}",
                  f"--id={worker_id}", "--threads=1"], wlog))
             self._wait(wlog, r"registered as (\S+)")
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
@@ -347,12 +366,24 @@ def summarize(results, models, rows):
             ratios = [r[row]["samples_per_s"] / r["single"]["samples_per_s"]
                       for r in rounds if "samples_per_s" in r.get(row, {})
                       and "samples_per_s" in r.get("single", {})]
+            ddp = [r[row]["samples_per_s"] / r["ddp"]["samples_per_s"]
+                   for r in rounds if "samples_per_s" in r.get(row, {})
+                   and "samples_per_s" in r.get("ddp", {})]
+            # A row served by both builds: after / before, per round.
+            base = row + BASE_SUFFIX
+            vs_base = [r[row]["samples_per_s"] / r[base]["samples_per_s"]
+                       for r in rounds if "samples_per_s" in r.get(row, {})
+                       and "samples_per_s" in r.get(base, {})]
             acc = results["accuracy"].get(model, {}).get(row, {})
             table[model][row] = {
                 "median_samples_per_s": statistics.median(sps) if sps else None,
                 "samples_per_s": sps,
                 "median_ratio_vs_single": statistics.median(ratios) if ratios else None,
                 "ratios_vs_single": ratios,
+                "median_ratio_vs_ddp": statistics.median(ddp) if ddp else None,
+                "ratios_vs_ddp": ddp,
+                "median_ratio_vs_baseline": statistics.median(vs_base) if vs_base else None,
+                "ratios_vs_baseline": vs_base,
                 "accuracy": acc.get("final_test_accuracy"),
                 "accuracy_epochs": acc.get("epochs"),
                 "plan": next((r[row].get("plan") for r in rounds
@@ -365,15 +396,20 @@ def print_table(table):
     lines = []
     for model, rows in table.items():
         lines.append(f"\n{model}:")
-        lines.append(f"  {'row':52}{'samples/s':>10}{'x single':>10}{'accuracy':>10}"
-                     "   per-round samples/s")
+        lines.append(f"  {'row':58}{'samples/s':>10}{'x single':>10}{'x DDP':>8}"
+                     f"{'x before':>10}{'accuracy':>10}   per-round samples/s")
+
+        def fmt(v):
+            return f"{v:.2f}" if v else "-"
         for row, t in rows.items():
             sps = f"{t['median_samples_per_s']:.0f}" if t["median_samples_per_s"] else "-"
-            ratio = (f"{t['median_ratio_vs_single']:.2f}"
-                     if t["median_ratio_vs_single"] else "-")
             acc = f"{100 * t['accuracy']:.2f}%" if t["accuracy"] is not None else "-"
             rounds = ", ".join(f"{v:.0f}" for v in t["samples_per_s"])
-            lines.append(f"  {LABELS[row]:52}{sps:>10}{ratio:>10}{acc:>10}   {rounds}")
+            base = (" (" + ", ".join(f"{v:.2f}" for v in t["ratios_vs_baseline"]) + ")"
+                    if t["ratios_vs_baseline"] else "")
+            lines.append(f"  {LABELS[row]:58}{sps:>10}{fmt(t['median_ratio_vs_single']):>10}"
+                         f"{fmt(t['median_ratio_vs_ddp']):>8}"
+                         f"{fmt(t['median_ratio_vs_baseline']):>10}{acc:>10}   {rounds}{base}")
     text = "\n".join(lines)
     print(text, flush=True)
     return text
@@ -403,11 +439,17 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 round, 10 steps, no accuracy runs")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--baseline_bin", default="",
+                    help="bazel-bin of a build of the code before a change (e.g. a git "
+                         "worktree of the old commit): rows <row>_base run there")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.warmup, a.mlp_steps, a.cnn_steps, a.accuracy = 1, 2, 8, 4, ""
     models = a.models.split(",")
     rows = [r for r in ROWS if r in a.rows.split(",")]
+    base_rows = [r for r in rows if r.endswith(BASE_SUFFIX)]
+    if base_rows and not a.baseline_bin:
+        sys.exit(f"rows {base_rows} need --baseline_bin")
     for path in (WORKER, COORDINATOR):
         if not os.access(path, os.X_OK):
             sys.exit(f"{path} missing: run `bazel build //...` first")
@@ -428,12 +470,19 @@ def main():
             os.replace(p + ".tmp", p)
 
     cluster = None
+    baseline = None
     try:
-        if any(r in rows or f":{r}" in a.accuracy for r in CLUSTER_ROWS):
+        if any((r in rows or f":{r}" in a.accuracy) and not r.endswith(BASE_SUFFIX)
+               for r in CLUSTER_ROWS):
             cluster = Cluster(workdir)
             log(f"coordinator on port {cluster.port}, workers w-1 (core 0), w-2 (core 1)")
+        if base_rows:
+            baseline = Cluster(workdir, a.baseline_bin, "baseline")
+            log(f"baseline ({a.baseline_bin}): coordinator on port {baseline.port}")
 
         def one(model, row, max_steps, epochs, timeout):
+            if row.endswith(BASE_SUFFIX):
+                return baseline.run(model, row, max_steps, epochs, timeout)
             if row in CLUSTER_ROWS:
                 return cluster.run(model, row, max_steps, epochs, timeout)
             if row in ("ddp", "pipe"):
@@ -480,8 +529,9 @@ def main():
                    if r.get("final_test_accuracy") is not None else f"FAILED {r}"))
             save()
     finally:
-        if cluster:
-            cluster.close()
+        for c in (cluster, baseline):
+            if c:
+                c.close()
         save()
     results["table_text"] = print_table(results["table"])
     save()
