@@ -339,13 +339,7 @@ TEST_F(SchedulerTest, PlannerErrorFailsTheJobWithItsReason) {
 }
 
 TEST_F(SchedulerTest, RefusedAssignmentFailsTheJob) {
-  AddWorker("w-1");
-  AddWorker("w-2");
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
-  Profile("w-1", id, 1.0);
-  Profile("w-2", id, 1.0);
+  std::string id = ProfiledJob();
   scheduler_.RunOnce();
   CoordinatorMessage a0 = Next("w-1");
   Ack("w-1", a0.command_id(), 0, static_cast<int>(absl::StatusCode::kInvalidArgument));

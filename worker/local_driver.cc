@@ -47,12 +47,9 @@ constexpr absl::Duration kPrintInterval = absl::Seconds(5);
 
 // The forced layout: `stages` x `replicas` with the balanced whole-layer cut.
 absl::StatusOr<apapo::v1::Plan> ForcedPlan(const apapo::v1::JobSpec& spec,
+                                           schedule::ScheduleKind kind,
                                            const AnalyzedGraph& graph,
                                            int workers) {
-  APAPO_ASSIGN_OR_RETURN(
-      schedule::ScheduleKind kind,
-      partitioner::ScheduleFromProto(spec.schedule().kind(),
-                                     "spec.schedule.kind"));
   int replicas = spec.schedule().replicas() > 0 ? spec.schedule().replicas() : 1;
   int stages = spec.schedule().stages();
   if (kind == schedule::ScheduleKind::kDataParallel) {
@@ -286,7 +283,7 @@ absl::StatusOr<apapo::v1::Plan> PlanLocalRun(const apapo::v1::JobSpec& spec,
       kind != schedule::ScheduleKind::kDataParallel) {
     return PartitionerPlan(spec, graph, workers);
   }
-  return ForcedPlan(spec, graph, workers);
+  return ForcedPlan(spec, kind, graph, workers);
 }
 
 std::string DescribeLocalPlan(const apapo::v1::JobSpec& spec,
