@@ -20,6 +20,9 @@ using apapo::v1::JobState;
 // crash costs nothing.
 constexpr absl::Duration kProgressSaveInterval = absl::Seconds(5);
 constexpr int kDefaultPageSize = 100;
+// Larger pages are cut to this (AIP-158), so a reply stays well under the
+// clients' message-size limit.
+constexpr int kMaxPageSize = 1000;
 
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
@@ -116,8 +119,9 @@ absl::StatusOr<apapo::v1::ListJobsResponse> JobManager::List(
     return absl::InvalidArgumentError(absl::StrCat(
         "page_size: must be >= 0, got ", request.page_size()));
   }
-  int page_size = request.page_size() == 0 ? kDefaultPageSize
-                                            : request.page_size();
+  int page_size = request.page_size() == 0
+                      ? kDefaultPageSize
+                      : std::min(request.page_size(), kMaxPageSize);
   absl::MutexLock lock(&mu_);
   if (!request.page_token().empty() && !jobs_.count(request.page_token())) {
     return absl::InvalidArgumentError(absl::StrCat(
