@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -436,23 +437,37 @@ int Apapoctl::Plan(const std::string& id) {
 }
 
 int Apapoctl::Workers() {
-  apapo::v1::ListWorkersResponse response;
-  grpc::Status status = workers_->ListWorkers(
-      Context(timeout_).get(), apapo::v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return Fail("workers", FromGrpcStatus(status));
   out_ << absl::StrFormat("%-20s %-16s %-6s %-6s %10s %-12s %s\n", "WORKER",
                           "HOST", "STATE", "CORES", "MEMORY", "JOB",
                           "LAST HEARTBEAT");
-  for (const auto& w : response.workers()) {
-    std::string state = apapo::v1::WorkerState_Name(w.state());
-    state = state.substr(std::string("WORKER_STATE_").size());
-    std::transform(state.begin(), state.end(), state.begin(), ::tolower);
-    out_ << absl::StrFormat("%-20s %-16s %-6s %-6d %10s %-12s %s\n",
-                            w.info().worker_id(), w.info().host(), state,
-                            w.info().cores(), FormatBytes(w.info().memory_bytes()),
-                            w.job_id().empty() ? "-" : w.job_id(),
-                            FormatTime(w.last_heartbeat()));
-  }
+  // Page through the fleet: one reply stays small however many there are.
+  apapo::v1::ListWorkersRequest request;
+  std::map<std::string, int> by_state;
+  int shown = 0;
+  do {
+    apapo::v1::ListWorkersResponse response;
+    grpc::Status status =
+        workers_->ListWorkers(Context(timeout_).get(), request, &response);
+    if (!status.ok()) return Fail("workers", FromGrpcStatus(status));
+    for (const auto& w : response.workers()) {
+      std::string state = apapo::v1::WorkerState_Name(w.state());
+      state = state.substr(std::string("WORKER_STATE_").size());
+      std::transform(state.begin(), state.end(), state.begin(), ::tolower);
+      ++by_state[state];
+      ++shown;
+      out_ << absl::StrFormat("%-20s %-16s %-6s %-6d %10s %-12s %s\n",
+                              w.info().worker_id(), w.info().host(), state,
+                              w.info().cores(),
+                              FormatBytes(w.info().memory_bytes()),
+                              w.job_id().empty() ? "-" : w.job_id(),
+                              FormatTime(w.last_heartbeat()));
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  std::vector<std::string> parts;
+  for (const auto& [state, n] : by_state) parts.push_back(absl::StrCat(n, " ", state));
+  out_ << shown << " worker(s)"
+       << (parts.empty() ? "" : ": " + absl::StrJoin(parts, ", ")) << "\n";
   return kExitOk;
 }
 

@@ -1,6 +1,7 @@
 // apapoctl's commands against a real coordinator JobService on loopback.
 #include "cli/apapoctl.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -11,6 +12,8 @@
 
 #include "coordinator/job_service.h"
 #include "coordinator/server.h"
+#include "coordinator/worker_service.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -67,7 +70,9 @@ class ApapoctlTest : public ::testing::Test {
   coordinator::RealClock clock_;
   coordinator::JobManager jobs_{&store_, &clock_};
   coordinator::JobServiceImpl service_{&jobs_, absl::Milliseconds(20)};
-  coordinator::CoordinatorServer server_{{&service_}};
+  coordinator::WorkerRegistry registry_{&clock_, absl::Seconds(60)};
+  coordinator::WorkerServiceImpl worker_service_{&registry_, nullptr};
+  coordinator::CoordinatorServer server_{{&service_, &worker_service_}};
   std::string address_;
   std::unique_ptr<apapo::v1::JobService::Stub> job_stub_;
   std::unique_ptr<apapo::v1::WorkerService::Stub> worker_stub_;
@@ -91,6 +96,29 @@ TEST_F(ApapoctlTest, SubmitListGetCancelWatch) {
   EXPECT_EQ(Run({"watch", "job-000001"}), kExitJobFailed);
   EXPECT_THAT(out_.str(), HasSubstr("job-000001 cancelled\n"));
   EXPECT_THAT(out_.str(), HasSubstr("cancelled: apapoctl cancel"));
+}
+
+TEST_F(ApapoctlTest, WorkersPagesThroughTheWholeFleet) {
+  // More workers than one page holds (WorkerRegistry::kDefaultPageSize).
+  const int n = coordinator::WorkerRegistry::kDefaultPageSize + 7;
+  std::vector<std::shared_ptr<coordinator::WorkerSession>> sessions;
+  for (int i = 0; i < n; ++i) {
+    apapo::v1::WorkerInfo info;
+    info.set_worker_id(absl::StrFormat("w-%04d", i));
+    info.set_host("198.18.0.1");
+    auto session = registry_.Register(info);
+    ASSERT_TRUE(session.ok());
+    sessions.push_back(*session);
+  }
+  ASSERT_TRUE(registry_.Reserve("job-000001", 2, {}).ok());
+  registry_.Disconnect(*sessions.back(), "gone");
+  ASSERT_EQ(Run({"workers"}), kExitOk) << err_.str();
+  const std::string text = out_.str();
+  EXPECT_THAT(text, HasSubstr("w-0000 "));
+  EXPECT_THAT(text, HasSubstr(absl::StrFormat("w-%04d ", n - 1)));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), n + 2);  // + header, total
+  EXPECT_THAT(text, EndsWith(absl::StrFormat(
+                        "%d worker(s): 2 busy, %d idle, 1 lost\n", n, n - 3)));
 }
 
 TEST_F(ApapoctlTest, OverridesApplyAndInvalidSpecIsOneLineUsageError) {

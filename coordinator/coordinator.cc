@@ -1,5 +1,6 @@
 #include "coordinator/coordinator.h"
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -128,9 +129,14 @@ absl::Status Coordinator::StartServing() {
       port_, server_->Start(absl::StrCat(options_.host, ":", options_.port)));
 
   scheduler_->Start();
+  // Wakes when the registry's deadline queue says a worker may be due
+  // (at least once per heartbeat interval), not to scan every worker.
   monitor_ = std::thread([this] {
-    while (!stop_monitor_.WaitForNotificationWithTimeout(
-        options_.heartbeat_interval)) {
+    while (true) {
+      absl::Duration wait = std::clamp(
+          registry_->NextDeadline() - clock_->Now(), absl::Milliseconds(1),
+          options_.heartbeat_interval);
+      if (stop_monitor_.WaitForNotificationWithTimeout(wait)) return;
       registry_->CheckTimeouts();
     }
   });

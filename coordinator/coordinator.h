@@ -111,7 +111,8 @@ class Coordinator {
   std::unique_ptr<CoordinatorServer> server_;
   int port_ = 0;
   int metrics_port_ = -1;
-  // Marks silent workers lost once per heartbeat interval until notified.
+  // Marks silent workers lost when the registry's next deadline passes,
+  // until notified.
   absl::Notification stop_monitor_;
   std::thread monitor_;
 

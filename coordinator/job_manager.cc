@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,10 +16,6 @@ namespace {
 using apapo::v1::Job;
 using apapo::v1::JobState;
 
-// Progress arrives with every metrics report; persisting it that often
-// would make SQLite the bottleneck, and losing a few seconds of it on a
-// crash costs nothing.
-constexpr absl::Duration kProgressSaveInterval = absl::Seconds(5);
 constexpr int kDefaultPageSize = 100;
 // Larger pages are cut to this (AIP-158), so a reply stays well under the
 // clients' message-size limit.
@@ -49,8 +46,57 @@ bool IsTerminal(JobState state) {
          state == apapo::v1::JOB_STATE_CANCELLED;
 }
 
-JobManager::JobManager(JobStore* store, Clock* clock)
-    : store_(store), clock_(clock) {}
+JobManager::JobManager(JobStore* store, Clock* clock,
+                       absl::Duration progress_batch_window)
+    : store_(store), clock_(clock), progress_batch_window_(progress_batch_window) {
+  writer_ = std::thread([this] { WriteProgressLoop(); });
+}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  writer_.join();
+  FlushProgress().IgnoreError();
+}
+
+void JobManager::WriteProgressLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !dirty_progress_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      // Let the batch fill: reports from a job's stages arrive together.
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stopping), progress_batch_window_);
+      if (stopping_) return;
+    }
+    if (absl::Status s = FlushProgress(); !s.ok()) {
+      std::cerr << "apapo-coordinator: saving progress: " << s.message() << "\n";
+    }
+  }
+}
+
+absl::Status JobManager::FlushProgress() {
+  // Under mu_, so that no older snapshot can land after a newer write of
+  // the same job (Transition writes through under mu_ too).
+  absl::MutexLock lock(&mu_);
+  if (dirty_progress_.empty()) return absl::OkStatus();
+  std::vector<Job> batch;
+  batch.reserve(dirty_progress_.size());
+  for (const std::string& id : dirty_progress_) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) batch.push_back(it->second.job);
+  }
+  dirty_progress_.clear();
+  return store_->SaveJobs(batch);
+}
 
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<Job>> jobs = store_->LoadJobs();
@@ -257,14 +303,9 @@ absl::Status JobManager::UpdateProgress(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Entry*> entry = Find(job_id);
   if (!entry.ok()) return entry.status();
-  Entry& e = **entry;
-  *e.job.mutable_progress() = progress;
+  *(*entry)->job.mutable_progress() = progress;
   ++job_version_[job_id];
-  absl::Time now = clock_->Now();
-  if (now - e.last_progress_save >= kProgressSaveInterval) {
-    e.last_progress_save = now;
-    return store_->SaveJob(e.job);
-  }
+  dirty_progress_.insert(job_id);
   return absl::OkStatus();
 }
 

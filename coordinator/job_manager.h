@@ -4,6 +4,10 @@
 // Every change is written through to the JobStore before it becomes visible,
 // and bumps a change counter that watchers wait on (WaitForChange), so
 // WatchJob streams see every event in order and every progress update.
+// Progress is the exception: it arrives with every metrics report, so it is
+// written behind, by the manager's writer thread, in one store transaction
+// per batch (all jobs whose progress changed within `progress_batch_window`
+// of the first change). A crash loses at most that window of progress.
 //
 // State machine: QUEUED -> PROFILING -> PLANNING -> RUNNING -> SUCCEEDED,
 // with FAILED and CANCELLED reachable from any non-terminal state. Transitions
@@ -17,7 +21,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,8 +48,15 @@ struct JobChange {
 
 class JobManager {
  public:
-  // `store` and `clock` must outlive the manager.
-  JobManager(JobStore* store, Clock* clock);
+  // `store` and `clock` must outlive the manager. Starts the progress
+  // writer.
+  JobManager(JobStore* store, Clock* clock,
+             absl::Duration progress_batch_window = absl::Milliseconds(200));
+  // Stops the writer and writes the progress not yet saved.
+  ~JobManager();
+
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
 
   // Loads stored jobs. Jobs that were active (profiling, planning, running)
   // when the previous coordinator stopped are failed with UNAVAILABLE, since
@@ -89,9 +102,12 @@ class JobManager {
                           const std::vector<std::string>& worker_ids);
   absl::Status SetPlan(const std::string& job_id,
                        const apapo::v1::GetPlanResponse& plan);
-  // Replaces the job's progress (persisted at most every few seconds).
+  // Replaces the job's progress; visible at once, saved in the writer's
+  // next batch.
   absl::Status UpdateProgress(const std::string& job_id,
                               const apapo::v1::JobProgress& progress);
+  // Saves every progress change not yet saved, in one transaction, now.
+  absl::Status FlushProgress();
 
   // Ids of queued jobs, oldest first.
   std::vector<std::string> QueuedJobs();
@@ -108,7 +124,6 @@ class JobManager {
     std::vector<apapo::v1::JobEvent> events;
     bool has_plan = false;
     apapo::v1::GetPlanResponse plan;
-    absl::Time last_progress_save = absl::InfinitePast();
   };
 
   absl::StatusOr<Entry*> Find(const std::string& job_id)
@@ -121,9 +136,13 @@ class JobManager {
                                 absl::StatusCode error_code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The writer thread's body: batches of dirty progress until stopping_.
+  void WriteProgressLoop();
+
   // Constant after construction.
   JobStore* const store_;
   Clock* const clock_;
+  const absl::Duration progress_batch_window_;
 
   absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
@@ -131,6 +150,10 @@ class JobManager {
   // Per-job change counters; watchers wait on them.
   std::map<std::string, int64_t> job_version_ ABSL_GUARDED_BY(mu_);
   std::function<void(const apapo::v1::Job&)> cancel_hook_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose progress changed since the last batch was written.
+  std::set<std::string> dirty_progress_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
 };
 
 }  // namespace apapo::coordinator

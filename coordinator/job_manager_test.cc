@@ -184,5 +184,59 @@ TEST_F(JobManagerTest, RecoverKeepsHistoryFailsActiveJobsAndContinuesIds) {
   EXPECT_EQ(restarted.Submit(ValidSpec())->id(), "job-000003");
 }
 
+TEST_F(JobManagerTest, ProgressIsVisibleAtOnceAndSavedInOneTransactionPerBatch) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(jobs_.Submit(ValidSpec())->id());
+  ASSERT_TRUE(jobs_.FlushProgress().ok());  // nothing dirty: no write
+  const int64_t writes_before = store_.job_writes();
+  // Many reports from three jobs' stages...
+  for (int step = 1; step <= 50; ++step) {
+    for (const std::string& id : ids) {
+      apapo::v1::JobProgress p;
+      p.set_step(step);
+      ASSERT_TRUE(jobs_.UpdateProgress(id, p).ok());
+      EXPECT_EQ(jobs_.Get(id)->progress().step(), step);  // visible at once
+    }
+  }
+  // ...are saved by one batch, holding the newest progress of each job.
+  ASSERT_TRUE(jobs_.FlushProgress().ok());
+  EXPECT_LE(store_.job_writes() - writes_before, 2);  // the writer may have
+                                                      // taken one batch too
+  for (const auto& job : *store_.LoadJobs()) {
+    EXPECT_EQ(job.progress().step(), 50) << job.id();
+  }
+  EXPECT_EQ(jobs_.UpdateProgress("job-999999", {}).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(JobManagerWriterTest, SavesProgressBehindWithoutBeingAsked) {
+  MemoryJobStore store;
+  FakeClock clock;
+  JobManager jobs(&store, &clock, absl::Milliseconds(1));
+  std::string id = jobs.Submit(ValidSpec())->id();
+  apapo::v1::JobProgress p;
+  p.set_step(7);
+  ASSERT_TRUE(jobs.UpdateProgress(id, p).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (store.LoadJobs()->at(0).progress().step() != 7 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // polling the store's content
+  }
+  EXPECT_EQ(store.LoadJobs()->at(0).progress().step(), 7);
+}
+
+TEST(JobManagerWriterTest, ProgressNotYetSavedIsWrittenOnDestruction) {
+  MemoryJobStore store;
+  FakeClock clock;
+  std::string id;
+  {
+    JobManager jobs(&store, &clock, absl::Hours(1));
+    id = jobs.Submit(ValidSpec())->id();
+    apapo::v1::JobProgress p;
+    p.set_step(11);
+    ASSERT_TRUE(jobs.UpdateProgress(id, p).ok());
+  }
+  EXPECT_EQ(store.LoadJobs()->at(0).progress().step(), 11);
+}
+
 }  // namespace
 }  // namespace apapo::coordinator

@@ -9,7 +9,20 @@ namespace apapo::coordinator {
 absl::Status MemoryJobStore::SaveJob(const apapo::v1::Job& job) {
   absl::MutexLock lock(&mu_);
   jobs_[job.id()] = job;
+  ++job_writes_;
   return absl::OkStatus();
+}
+
+absl::Status MemoryJobStore::SaveJobs(const std::vector<apapo::v1::Job>& jobs) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& job : jobs) jobs_[job.id()] = job;
+  ++job_writes_;
+  return absl::OkStatus();
+}
+
+int64_t MemoryJobStore::job_writes() {
+  absl::MutexLock lock(&mu_);
+  return job_writes_;
 }
 
 absl::Status MemoryJobStore::AppendEvent(const std::string& job_id,
@@ -53,8 +66,9 @@ absl::StatusOr<apapo::v1::GetPlanResponse> MemoryJobStore::LoadPlan(
 
 namespace {
 
-// One SQLite connection, serialised by a mutex (the store is low-traffic:
-// one write per job event or progress report).
+// One SQLite connection, serialised by a mutex. Events are written one per
+// statement (they are rare); progress comes in batches (SaveJobs), one
+// transaction each.
 class SqliteJobStore : public JobStore {
  public:
   explicit SqliteJobStore(sqlite3* db) : db_(db) {}
@@ -74,6 +88,21 @@ class SqliteJobStore : public JobStore {
   absl::Status SaveJob(const apapo::v1::Job& job) override {
     return Write("INSERT OR REPLACE INTO jobs(id, job) VALUES(?1, ?2)",
                  job.id(), 0, job.SerializeAsString(), /*has_seq=*/false);
+  }
+
+  absl::Status SaveJobs(const std::vector<apapo::v1::Job>& jobs) override {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+    for (const auto& job : jobs) {
+      absl::Status s = WriteLocked("INSERT OR REPLACE INTO jobs(id, job) VALUES(?1, ?2)",
+                                   job.id(), 0, job.SerializeAsString(),
+                                   /*has_seq=*/false);
+      if (!s.ok()) {
+        Exec("ROLLBACK").IgnoreError();
+        return s;
+      }
+    }
+    return Exec("COMMIT");
   }
 
   absl::Status AppendEvent(const std::string& job_id,
@@ -150,6 +179,11 @@ class SqliteJobStore : public JobStore {
   absl::Status Write(const char* sql, const std::string& key, int64_t seq,
                      const std::string& blob, bool has_seq) {
     absl::MutexLock lock(&mu_);
+    return WriteLocked(sql, key, seq, blob, has_seq);
+  }
+  absl::Status WriteLocked(const char* sql, const std::string& key, int64_t seq,
+                           const std::string& blob, bool has_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     sqlite3_stmt* stmt = nullptr;
     if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
       return Error("prepare");

@@ -27,6 +27,8 @@ class JobStore {
   virtual ~JobStore() = default;
   // Inserts or replaces the job with id `job.id()`.
   virtual absl::Status SaveJob(const apapo::v1::Job& job) = 0;
+  // Inserts or replaces every job of `jobs` in one transaction: all or none.
+  virtual absl::Status SaveJobs(const std::vector<apapo::v1::Job>& jobs) = 0;
   // Appends one event to the job's history.
   virtual absl::Status AppendEvent(const std::string& job_id,
                                    const apapo::v1::JobEvent& event) = 0;
@@ -47,6 +49,9 @@ class JobStore {
 class MemoryJobStore : public JobStore {
  public:
   absl::Status SaveJob(const apapo::v1::Job& job) override;
+  absl::Status SaveJobs(const std::vector<apapo::v1::Job>& jobs) override;
+  // Calls of SaveJob and SaveJobs so far (each one a transaction).
+  int64_t job_writes();
   absl::Status AppendEvent(const std::string& job_id,
                            const apapo::v1::JobEvent& event) override;
   absl::Status SavePlan(const std::string& job_id,
@@ -63,6 +68,7 @@ class MemoryJobStore : public JobStore {
   std::map<std::string, std::vector<apapo::v1::JobEvent>> events_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, apapo::v1::GetPlanResponse> plans_ ABSL_GUARDED_BY(mu_);
+  int64_t job_writes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Opens (creating if needed) an SQLite database at `path` holding jobs,

@@ -60,12 +60,9 @@ class CoordinatorMetrics::StateCollector : public prometheus::Collectable {
     age.help = "Seconds since each connected worker's last heartbeat.";
     age.type = prometheus::MetricType::Gauge;
     absl::Time now = clock_->Now();
-    for (const auto& w : workers_->List()) {
-      if (w.state() == apapo::v1::WORKER_STATE_LOST) continue;
-      absl::Time last = absl::FromUnixNanos(
-          google::protobuf::util::TimeUtil::TimestampToNanoseconds(w.last_heartbeat()));
+    for (const auto& [worker, last] : workers_->LastHeartbeats()) {
       age.metric.push_back(GaugeMetric(absl::ToDoubleSeconds(now - last),
-                                       {{"worker", w.info().worker_id()}}));
+                                       {{"worker", worker}}));
     }
     return out;
   }
@@ -78,8 +75,11 @@ class CoordinatorMetrics::StateCollector : public prometheus::Collectable {
 
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
                                        JobManager* jobs,
-                                       WorkerRegistry* workers, Clock* clock)
-    : state_(std::make_shared<StateCollector>(jobs, workers, clock)),
+                                       WorkerRegistry* workers, Clock* clock,
+                                       absl::Duration retention)
+    : clock_(clock),
+      retention_(retention),
+      state_(std::make_shared<StateCollector>(jobs, workers, clock)),
       submitted_(prometheus::BuildCounter()
                      .Name("apapo_jobs_submitted_total")
                      .Help("Jobs accepted by SubmitJob.")
@@ -141,40 +141,97 @@ void CoordinatorMetrics::OnWorkerLost(const std::string&) {
   lost_.Add({}).Increment();
 }
 
-void CoordinatorMetrics::OnMetrics(const std::string& job_id,
-                                   const apapo::v1::MetricsReport& report) {
-  const auto& s = report.stage();
+CoordinatorMetrics::StageSeries& CoordinatorMetrics::SeriesLocked(
+    JobSeries& job, const std::string& job_id, const std::string& worker,
+    int stage) {
+  auto [it, inserted] = job.stages.try_emplace({worker, stage});
+  StageSeries& s = it->second;
+  if (!inserted) return s;
   std::map<std::string, std::string> labels{
-      {"job", job_id}, {"stage", absl::StrCat(s.stage())}, {"worker", report.worker_id()}};
-  samples_per_second_.Add(labels).Set(report.samples_per_second());
-  staleness_.Add(labels).Set(s.max_staleness());
-  static const auto* kBuckets = new prometheus::Histogram::BucketBoundaries{
-      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-  auto& histogram = step_seconds_.Add(labels, *kBuckets);
-  for (double d : s.step_seconds()) histogram.Observe(d);
-  if (report.has_loss()) loss_.Add({{"job", job_id}}).Set(report.loss());
-  if (report.has_test_accuracy()) {
-    accuracy_.Add({{"job", job_id}}).Set(report.test_accuracy());
-  }
-  absl::MutexLock lock(&mu_);
-  Last& last = last_[{job_id, report.worker_id()}];
-  auto add = [&](prometheus::Family<prometheus::Counter>& family,
-                 std::map<std::string, std::string> l, double now, double& before) {
-    if (now > before) family.Add(l).Increment(now - before);
-    before = std::max(before, now);
-  };
-  double bytes_before = last.bytes, samples_before = last.samples;
-  add(bytes_sent_, labels, s.bytes_sent(), bytes_before);
-  add(samples_, labels, report.samples(), samples_before);
-  last.bytes = static_cast<int64_t>(bytes_before);
-  last.samples = static_cast<int64_t>(samples_before);
-  for (auto [activity, now, before] :
-       {std::tuple<const char*, double, double*>{"busy", s.busy_seconds(), &last.busy},
-        {"idle", s.idle_seconds(), &last.idle},
-        {"comm", s.comm_exposed_seconds(), &last.comm}}) {
+      {"job", job_id}, {"stage", absl::StrCat(stage)}, {"worker", worker}};
+  auto with_activity = [&](const char* activity) {
     auto l = labels;
     l["activity"] = activity;
-    add(stage_seconds_, l, now, *before);
+    return &stage_seconds_.Add(l);
+  };
+  static const auto* kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  s.samples_per_second = &samples_per_second_.Add(labels);
+  s.staleness = &staleness_.Add(labels);
+  s.step_seconds = &step_seconds_.Add(labels, *kBuckets);
+  s.samples = &samples_.Add(labels);
+  s.bytes_sent = &bytes_sent_.Add(labels);
+  s.busy = with_activity("busy");
+  s.idle = with_activity("idle");
+  s.comm = with_activity("comm");
+  return s;
+}
+
+void CoordinatorMetrics::OnMetrics(const std::string& job_id,
+                                   const apapo::v1::MetricsReport& report) {
+  const auto& m = report.stage();
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  JobSeries& job = jobs_[job_id];
+  StageSeries& s = SeriesLocked(job, job_id, report.worker_id(), m.stage());
+  s.samples_per_second->Set(report.samples_per_second());
+  s.staleness->Set(m.max_staleness());
+  for (double d : m.step_seconds()) s.step_seconds->Observe(d);
+  if (report.has_loss()) {
+    if (job.loss == nullptr) job.loss = &loss_.Add({{"job", job_id}});
+    job.loss->Set(report.loss());
+  }
+  if (report.has_test_accuracy()) {
+    if (job.accuracy == nullptr) job.accuracy = &accuracy_.Add({{"job", job_id}});
+    job.accuracy->Set(report.test_accuracy());
+  }
+  // Workers report running totals: add what grew since the last report.
+  auto add = [](prometheus::Counter* counter, double now, double& before) {
+    if (now > before) {
+      counter->Increment(now - before);
+      before = now;
+    }
+  };
+  add(s.samples, static_cast<double>(report.samples()), s.last_samples);
+  add(s.bytes_sent, static_cast<double>(m.bytes_sent()), s.last_bytes);
+  add(s.busy, m.busy_seconds(), s.last_busy);
+  add(s.idle, m.idle_seconds(), s.last_idle);
+  add(s.comm, m.comm_exposed_seconds(), s.last_comm);
+}
+
+void CoordinatorMetrics::OnJobEnded(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && !it->second.ended) {
+    it->second.ended = true;
+    ended_.emplace_back(clock_->Now(), job_id);
+  }
+  ExpireLocked();
+}
+
+void CoordinatorMetrics::ExpireLocked() {
+  const absl::Time now = clock_->Now();
+  while (!ended_.empty() && now - ended_.front().first >= retention_) {
+    auto it = jobs_.find(ended_.front().second);
+    ended_.pop_front();
+    if (it == jobs_.end()) continue;
+    RemoveLocked(it->second);
+    jobs_.erase(it);
+  }
+}
+
+void CoordinatorMetrics::RemoveLocked(JobSeries& job) {
+  if (job.loss != nullptr) loss_.Remove(job.loss);
+  if (job.accuracy != nullptr) accuracy_.Remove(job.accuracy);
+  for (auto& [key, s] : job.stages) {
+    samples_per_second_.Remove(s.samples_per_second);
+    staleness_.Remove(s.staleness);
+    step_seconds_.Remove(s.step_seconds);
+    samples_.Remove(s.samples);
+    bytes_sent_.Remove(s.bytes_sent);
+    stage_seconds_.Remove(s.busy);
+    stage_seconds_.Remove(s.idle);
+    stage_seconds_.Remove(s.comm);
   }
 }
 

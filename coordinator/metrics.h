@@ -4,19 +4,28 @@
 // State gauges (jobs and workers by state, heartbeat age) are computed at
 // scrape time from the JobManager and WorkerRegistry (a Collectable); the
 // rest is fed by events: metrics reports (OnMetrics), registrations and lost
-// workers. Cumulative counters reported by workers are turned into
-// Prometheus counters by adding the increase since the previous report.
+// workers. Heartbeats cost the metrics nothing. Cumulative counters reported
+// by workers are turned into Prometheus counters by adding the increase
+// since the previous report.
+//
+// A report touches only its own series: they are looked up once per (job,
+// worker, stage) and kept, so a report costs O(series it updates), not a
+// label-set search per family. A job's series are removed `retention` after
+// it ends (checked on each event), so a long-lived coordinator does not
+// accumulate them.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef APAPO_COORDINATOR_METRICS_H_
 #define APAPO_COORDINATOR_METRICS_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/scheduler.h"
@@ -34,23 +43,50 @@ class CoordinatorMetrics : public SchedulerObserver {
   // Registers every family in `registry`. The other pointers must outlive
   // this object.
   CoordinatorMetrics(prometheus::Registry* registry, JobManager* jobs,
-                     WorkerRegistry* workers, Clock* clock);
+                     WorkerRegistry* workers, Clock* clock,
+                     absl::Duration retention = absl::Minutes(5));
 
   // The scrape-time state collectable; register it with the Exposer too.
   std::shared_ptr<prometheus::Collectable> state_collectable() const;
 
   void OnMetrics(const std::string& job_id,
                  const apapo::v1::MetricsReport& report) override;
+  void OnJobEnded(const std::string& job_id) override;
   void OnWorkerRegistered(const std::string& worker_id);
   void OnWorkerLost(const std::string& worker_id);
   void OnJobSubmitted();
 
  private:
   class StateCollector;
-  struct Last {
-    double busy = 0, idle = 0, comm = 0;
-    int64_t bytes = 0, samples = 0;
+  // One stage replica's series, and the cumulative values last reported.
+  struct StageSeries {
+    prometheus::Gauge* samples_per_second = nullptr;
+    prometheus::Gauge* staleness = nullptr;
+    prometheus::Histogram* step_seconds = nullptr;
+    prometheus::Counter* samples = nullptr;
+    prometheus::Counter* bytes_sent = nullptr;
+    prometheus::Counter* busy = nullptr;
+    prometheus::Counter* idle = nullptr;
+    prometheus::Counter* comm = nullptr;
+    double last_samples = 0, last_bytes = 0;
+    double last_busy = 0, last_idle = 0, last_comm = 0;
   };
+  struct JobSeries {
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* accuracy = nullptr;
+    std::map<std::pair<std::string, int>, StageSeries> stages;  // (worker, stage)
+    bool ended = false;
+  };
+
+  StageSeries& SeriesLocked(JobSeries& job, const std::string& job_id,
+                            const std::string& worker, int stage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the series of jobs that ended more than `retention_` ago.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(JobSeries& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  const absl::Duration retention_;
 
   std::shared_ptr<StateCollector> state_;
   prometheus::Family<prometheus::Counter>& submitted_;
@@ -66,7 +102,9 @@ class CoordinatorMetrics : public SchedulerObserver {
   prometheus::Family<prometheus::Gauge>& staleness_;
 
   absl::Mutex mu_;
-  std::map<std::pair<std::string, std::string>, Last> last_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs with series, oldest first: (end time, job id).
+  std::deque<std::pair<absl::Time, std::string>> ended_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace apapo::coordinator

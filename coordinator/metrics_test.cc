@@ -93,5 +93,26 @@ TEST_F(MetricsTest, EventCounters) {
   EXPECT_THAT(text, HasSubstr("apapo_workers_lost_total 1"));
 }
 
+TEST_F(MetricsTest, AJobsSeriesGoAwayRetentionAfterItEnds) {
+  apapo::v1::MetricsReport r;
+  r.set_worker_id("w-1");
+  r.set_samples(10);
+  r.set_has_loss(true);
+  r.set_loss(1.5);
+  r.mutable_stage()->set_stage(0);
+  metrics_.OnMetrics("job-000001", r);
+  metrics_.OnMetrics("job-000002", r);
+  metrics_.OnJobEnded("job-000001");
+  clock_.Advance(absl::Minutes(4));
+  metrics_.OnJobEnded("job-000002");
+  EXPECT_THAT(Scrape(), HasSubstr("apapo_job_loss{job=\"job-000001\"}"));
+  clock_.Advance(absl::Minutes(2));  // job 1 ended 6 min ago, job 2 2 min ago
+  metrics_.OnMetrics("job-000003", r);  // any event expires what is due
+  std::string text = Scrape();
+  EXPECT_THAT(text, Not(HasSubstr("job=\"job-000001\"")));
+  EXPECT_THAT(text, HasSubstr("apapo_stage_samples_total{job=\"job-000002\""));
+  EXPECT_THAT(text, HasSubstr("apapo_job_loss{job=\"job-000003\"} 1.5"));
+}
+
 }  // namespace
 }  // namespace apapo::coordinator

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -125,7 +126,7 @@ void Scheduler::AdmitQueued() {
         id, apapo::v1::JOB_STATE_PROFILING,
         absl::StrCat("profiling on ", absl::StrJoin(a.workers, ", ")));
     if (!s.ok()) {  // cancelled in between
-      registry_->Release(id);
+      registry_->Release(id, a.workers);
       active_.erase(id);
       continue;
     }
@@ -169,12 +170,8 @@ void Scheduler::SendProfile(ActiveJob& a, int rank) {
 }
 
 std::string Scheduler::HostOf(const std::string& worker_id) {
-  for (const auto& w : registry_->List()) {
-    if (w.info().worker_id() == worker_id && !w.info().host().empty()) {
-      return w.info().host();
-    }
-  }
-  return "127.0.0.1";
+  std::optional<apapo::v1::WorkerInfo> info = registry_->Info(worker_id);
+  return info.has_value() && !info->host().empty() ? info->host() : "127.0.0.1";
 }
 
 std::vector<Scheduler::PlanRequest> Scheduler::TakePlanRequests() {
@@ -564,8 +561,9 @@ void Scheduler::OnCancelled(const apapo::v1::Job& job) {
     m.mutable_stop()->set_reason("cancelled");
     registry_->Send(w, m).IgnoreError();
   }
-  registry_->Release(job.id());
+  registry_->Release(job.id(), it->second.workers);
   active_.erase(it);
+  if (observer_ != nullptr) observer_->OnJobEnded(job.id());
 }
 
 void Scheduler::CheckDeadlines() {
@@ -609,9 +607,10 @@ void Scheduler::Finish(const std::string& job_id_ref, JobState state,
       registry_->Send(w, m).IgnoreError();
     }
   }
-  registry_->Release(job_id);
+  registry_->Release(job_id, it->second.workers);
   active_.erase(it);
   dirty_ = true;
+  if (observer_ != nullptr) observer_->OnJobEnded(job_id);
   absl::Status s = jobs_->Transition(job_id, state, message, code);
   if (!s.ok()) {
     std::cerr << "apapo-coordinator: " << job_id << ": " << s.message() << "\n";

@@ -72,6 +72,8 @@ class SchedulerObserver {
   virtual ~SchedulerObserver() = default;
   virtual void OnMetrics(const std::string& job_id,
                          const apapo::v1::MetricsReport& report) = 0;
+  // The job ended (any final state); it reports nothing more.
+  virtual void OnJobEnded(const std::string& job_id) {}
 };
 
 class Scheduler : public WorkerMessageListener {

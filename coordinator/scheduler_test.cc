@@ -86,25 +86,23 @@ class SchedulerTest : public ::testing::Test {
     });
   }
 
-  int64_t AddWorker(const std::string& id, const std::string& host = "127.0.0.1") {
+  void AddWorker(const std::string& id, const std::string& host = "127.0.0.1") {
     apapo::v1::WorkerInfo info;
     info.set_worker_id(id);
     info.set_host(host);
     auto session = registry_.Register(info);
     EXPECT_TRUE(session.ok());
-    sessions_[id] = *session;
-    return *session;
+    if (session.ok()) sessions_[id] = *session;
   }
 
   // The next command queued for `worker` (must exist now).
   CoordinatorMessage Next(const std::string& worker) {
-    auto m = registry_.NextCommand(worker, sessions_[worker], absl::InfinitePast());
+    auto m = sessions_[worker]->TakeCommand();
     EXPECT_TRUE(m.has_value()) << "no command for " << worker;
     return m.value_or(CoordinatorMessage());
   }
   bool HasCommand(const std::string& worker) {
-    auto m = registry_.NextCommand(worker, sessions_[worker], absl::InfinitePast());
-    return m.has_value();
+    return sessions_[worker]->TakeCommand().has_value();
   }
 
   std::string Submit(int workers) {
@@ -213,7 +211,7 @@ class SchedulerTest : public ::testing::Test {
   WorkerRegistry registry_{&clock_, absl::Seconds(1)};
   FakePlanner planner_;
   Scheduler scheduler_{&jobs_, &registry_, &planner_, &clock_, SchedulerOptions()};
-  std::map<std::string, int64_t> sessions_;
+  std::map<std::string, std::shared_ptr<WorkerSession>> sessions_;
 };
 
 TEST_F(SchedulerTest, FullLifecycleToSucceededWithProgress) {
@@ -274,7 +272,7 @@ TEST_F(SchedulerTest, WaitsForWorkersThenRunsWhenOneJoins) {
 
 TEST_F(SchedulerTest, LostWorkerFailsTheJobNamingItAndFreesTheOthers) {
   std::string id = StartRunningJob();
-  registry_.Disconnect("w-2", sessions_["w-2"], "stream closed");
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->error(), "worker w-2 lost: stream closed");
@@ -515,7 +513,7 @@ TEST_F(SchedulerTest, WorkerLostWhilePlanningFailsTheJobAndDiscardsThePlan) {
     Background planning([&] { scheduler_.RunOnce(); }, [&] { OpenGate(); });
     ASSERT_TRUE(planner_.entered.WaitForNotificationWithTimeout(kWait));
     Background lose(
-        [&] { registry_.Disconnect("w-2", sessions_["w-2"], "stream closed"); },
+        [&] { registry_.Disconnect(*sessions_["w-2"], "stream closed"); },
         [&] { OpenGate(); });
     EXPECT_TRUE(lose.DoneWithin(kWait)) << "blocked behind the planner";
     OpenGate();

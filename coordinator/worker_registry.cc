@@ -25,70 +25,144 @@ bool Matches(const apapo::v1::WorkerInfo& info,
 
 }  // namespace
 
+// --- WorkerSession ---
+
+WorkerSession::WorkerSession(std::string worker_id, int64_t id, Clock* clock,
+                             WorkerStream* stream)
+    : worker_id_(std::move(worker_id)),
+      id_(id),
+      clock_(clock),
+      last_seen_ns_(absl::ToUnixNanos(clock->Now())),
+      stream_(stream) {}
+
+void WorkerSession::Heartbeat() {
+  last_seen_ns_.store(absl::ToUnixNanos(clock_->Now()),
+                      std::memory_order_relaxed);
+}
+
+absl::Time WorkerSession::last_seen() const {
+  return absl::FromUnixNanos(last_seen_ns_.load(std::memory_order_relaxed));
+}
+
+std::optional<apapo::v1::CoordinatorMessage> WorkerSession::TakeCommand() {
+  absl::MutexLock lock(&mu_);
+  if (outbox_.empty()) return std::nullopt;
+  apapo::v1::CoordinatorMessage message = std::move(outbox_.front());
+  outbox_.pop_front();
+  return message;
+}
+
+size_t WorkerSession::pending() const {
+  absl::MutexLock lock(&mu_);
+  return outbox_.size();
+}
+
+void WorkerSession::DetachStream() {
+  absl::MutexLock lock(&stream_mu_);
+  stream_ = nullptr;
+}
+
+bool WorkerSession::Queue(apapo::v1::CoordinatorMessage message) {
+  absl::MutexLock lock(&mu_);
+  if (!live()) return false;
+  outbox_.push_back(std::move(message));
+  return true;
+}
+
+void WorkerSession::MarkEnded() {
+  absl::MutexLock lock(&mu_);
+  live_.store(false, std::memory_order_release);
+  outbox_.clear();
+}
+
+void WorkerSession::NotifyQueued() {
+  absl::MutexLock lock(&stream_mu_);
+  if (stream_ != nullptr) stream_->OnCommandsQueued();
+}
+
+void WorkerSession::NotifyEnded(const std::string& reason) {
+  absl::MutexLock lock(&stream_mu_);
+  if (stream_ != nullptr) stream_->OnSessionEnded(reason);
+}
+
+// --- WorkerRegistry ---
+
 WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval)
     : clock_(clock), heartbeat_interval_(heartbeat_interval) {}
 
-absl::StatusOr<int64_t> WorkerRegistry::Register(
-    const apapo::v1::WorkerInfo& info) {
+void WorkerRegistry::SetStateLocked(Entry& entry, apapo::v1::WorkerState state) {
+  const apapo::v1::WorkerState before = entry.status.state();
+  if (before == state) return;
+  if (before != apapo::v1::WORKER_STATE_UNSPECIFIED) --counts_[before];
+  ++counts_[state];
+  if (before == apapo::v1::WORKER_STATE_IDLE) idle_.erase(entry.order);
+  if (state == apapo::v1::WORKER_STATE_IDLE) {
+    idle_.emplace(entry.order, entry.status.info().worker_id());
+  }
+  entry.status.set_state(state);
+}
+
+absl::StatusOr<std::shared_ptr<WorkerSession>> WorkerRegistry::Register(
+    const apapo::v1::WorkerInfo& info, WorkerStream* stream) {
   if (info.worker_id().empty()) {
     return absl::InvalidArgumentError("register.worker_id: must not be empty");
   }
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = workers_.try_emplace(info.worker_id());
-  Entry& entry = it->second;
-  if (!inserted && entry.status.state() != apapo::v1::WORKER_STATE_LOST) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "worker id \"", info.worker_id(),
-        "\" is already connected; give each worker a unique --id"));
+  std::shared_ptr<WorkerSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = workers_.try_emplace(info.worker_id());
+    Entry& entry = it->second;
+    if (!inserted && entry.status.state() != apapo::v1::WORKER_STATE_LOST) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker id \"", info.worker_id(),
+          "\" is already connected; give each worker a unique --id"));
+    }
+    if (inserted) entry.order = next_order_++;
+    const absl::Time now = clock_->Now();
+    *entry.status.mutable_info() = info;
+    entry.status.clear_job_id();
+    *entry.status.mutable_registered_time() = ToProto(now);
+    session = std::make_shared<WorkerSession>(info.worker_id(),
+                                              next_session_++, clock_, stream);
+    entry.session = session;
+    SetStateLocked(entry, apapo::v1::WORKER_STATE_IDLE);
   }
-  if (inserted) order_.push_back(info.worker_id());
-  absl::Time now = clock_->Now();
-  *entry.status.mutable_info() = info;
-  entry.status.set_state(apapo::v1::WORKER_STATE_IDLE);
-  entry.status.clear_job_id();
-  *entry.status.mutable_registered_time() = ToProto(now);
-  *entry.status.mutable_last_heartbeat() = ToProto(now);
-  entry.last_seen = now;
-  entry.session = next_session_++;
-  entry.outbox.clear();
-  return entry.session;
+  Schedule(session->last_seen() + timeout(), session);
+  return session;
 }
 
-void WorkerRegistry::Heartbeat(const std::string& worker_id, int64_t session) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.session != session ||
-      it->second.status.state() == apapo::v1::WORKER_STATE_LOST) {
-    return;
-  }
-  absl::Time now = clock_->Now();
-  it->second.last_seen = now;
-  *it->second.status.mutable_last_heartbeat() = ToProto(now);
+void WorkerRegistry::Schedule(absl::Time when,
+                              std::shared_ptr<WorkerSession> session) {
+  absl::MutexLock lock(&due_mu_);
+  due_.push(Due{when, std::move(session)});
 }
 
 std::function<void()> WorkerRegistry::MarkLostLocked(Entry& entry,
                                                      const std::string& reason) {
   std::string id = entry.status.info().worker_id();
   std::string job = entry.status.job_id();
-  entry.status.set_state(apapo::v1::WORKER_STATE_LOST);
+  SetStateLocked(entry, apapo::v1::WORKER_STATE_LOST);
   entry.status.clear_job_id();
-  entry.outbox.clear();
+  *entry.status.mutable_last_heartbeat() = ToProto(entry.session->last_seen());
+  entry.session->MarkEnded();
   std::cerr << "apapo-coordinator: worker " << id << " lost: " << reason
             << (job.empty() ? "" : absl::StrCat(" (job ", job, ")")) << "\n";
   LostHook hook = lost_hook_;
-  return [hook, id, job, reason] {
+  std::shared_ptr<WorkerSession> session = entry.session;
+  return [hook, id, job, reason, session] {
+    session->NotifyEnded(reason);
     if (hook) hook(id, job, reason);
   };
 }
 
-void WorkerRegistry::Disconnect(const std::string& worker_id, int64_t session,
+void WorkerRegistry::Disconnect(const WorkerSession& session,
                                 const std::string& reason) {
   std::function<void()> notify;
   {
     absl::MutexLock lock(&mu_);
-    auto it = workers_.find(worker_id);
-    if (it == workers_.end() || it->second.session != session ||
-        it->second.status.state() == apapo::v1::WORKER_STATE_LOST) {
+    auto it = workers_.find(session.worker_id());
+    if (it == workers_.end() || it->second.session.get() != &session ||
+        !session.live()) {
       return;
     }
     notify = MarkLostLocked(it->second, reason);
@@ -97,66 +171,68 @@ void WorkerRegistry::Disconnect(const std::string& worker_id, int64_t session,
 }
 
 std::vector<std::string> WorkerRegistry::CheckTimeouts() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<WorkerSession>> silent;
+  {
+    absl::MutexLock lock(&due_mu_);
+    while (!due_.empty() && due_.top().when <= now) {
+      std::shared_ptr<WorkerSession> session = due_.top().session;
+      due_.pop();
+      if (!session->live()) continue;  // ended: forget it
+      const absl::Time deadline = session->last_seen() + timeout();
+      if (deadline > now) {
+        due_.push(Due{deadline, std::move(session)});  // spoke since
+      } else {
+        silent.push_back(std::move(session));
+      }
+    }
+  }
   std::vector<std::string> lost;
   std::vector<std::function<void()>> notifications;
   {
     absl::MutexLock lock(&mu_);
-    absl::Time now = clock_->Now();
-    for (auto& [id, entry] : workers_) {
-      if (entry.status.state() == apapo::v1::WORKER_STATE_LOST) continue;
-      absl::Duration silent = now - entry.last_seen;
-      if (silent > heartbeat_interval_ * kMissedHeartbeats) {
-        lost.push_back(id);
-        notifications.push_back(MarkLostLocked(
-            entry, absl::StrCat("no heartbeat for ",
-                                absl::FormatDuration(silent))));
+    for (const auto& session : silent) {
+      auto it = workers_.find(session->worker_id());
+      if (it == workers_.end() || it->second.session != session ||
+          !session->live()) {
+        continue;
       }
+      lost.push_back(session->worker_id());
+      notifications.push_back(MarkLostLocked(
+          it->second, absl::StrCat("no heartbeat for ",
+                                   absl::FormatDuration(absl::Trunc(
+                                       now - session->last_seen(),
+                                       absl::Milliseconds(1))))));
     }
   }
   for (auto& n : notifications) n();
   return lost;
 }
 
+absl::Time WorkerRegistry::NextDeadline() {
+  absl::MutexLock lock(&due_mu_);
+  return due_.empty() ? absl::InfiniteFuture() : due_.top().when;
+}
+
 absl::StatusOr<int64_t> WorkerRegistry::Send(
     const std::string& worker_id, apapo::v1::CoordinatorMessage message) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() ||
-      it->second.status.state() == apapo::v1::WORKER_STATE_LOST) {
+  std::shared_ptr<WorkerSession> session;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = workers_.find(worker_id);
+    if (it != workers_.end() &&
+        it->second.status.state() != apapo::v1::WORKER_STATE_LOST) {
+      session = it->second.session;
+    }
+  }
+  const int64_t id = next_command_.fetch_add(1);
+  message.set_command_id(id);
+  if (session == nullptr || !session->Queue(std::move(message))) {
     return absl::UnavailableError(
         absl::StrCat("worker ", worker_id, " is not connected"));
   }
-  int64_t id = next_command_++;
-  message.set_command_id(id);
-  it->second.outbox.push_back(std::move(message));
+  session->NotifyQueued();
   return id;
-}
-
-std::optional<apapo::v1::CoordinatorMessage> WorkerRegistry::NextCommand(
-    const std::string& worker_id, int64_t session, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = workers_.find(worker_id);
-    return it == workers_.end() || it->second.session != session ||
-           it->second.status.state() == apapo::v1::WORKER_STATE_LOST ||
-           !it->second.outbox.empty();
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.session != session ||
-      it->second.outbox.empty()) {
-    return std::nullopt;
-  }
-  apapo::v1::CoordinatorMessage message = std::move(it->second.outbox.front());
-  it->second.outbox.pop_front();
-  return message;
-}
-
-bool WorkerRegistry::IsCurrent(const std::string& worker_id, int64_t session) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  return it != workers_.end() && it->second.session == session &&
-         it->second.status.state() != apapo::v1::WORKER_STATE_LOST;
 }
 
 absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
@@ -164,13 +240,9 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
     const std::map<std::string, std::string>& selector) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> chosen;
-  for (const std::string& id : order_) {
-    Entry& e = workers_[id];
-    if (e.status.state() == apapo::v1::WORKER_STATE_IDLE &&
-        Matches(e.status.info(), selector)) {
-      chosen.push_back(id);
-      if (static_cast<int>(chosen.size()) == count) break;
-    }
+  for (const auto& [order, id] : idle_) {
+    if (static_cast<int>(chosen.size()) == count) break;
+    if (Matches(workers_.at(id).status.info(), selector)) chosen.push_back(id);
   }
   if (static_cast<int>(chosen.size()) < count) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -178,8 +250,9 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
         " available"));
   }
   for (const std::string& id : chosen) {
-    workers_[id].status.set_state(apapo::v1::WORKER_STATE_BUSY);
-    workers_[id].status.set_job_id(job_id);
+    Entry& entry = workers_.at(id);
+    SetStateLocked(entry, apapo::v1::WORKER_STATE_BUSY);
+    entry.status.set_job_id(job_id);
   }
   return chosen;
 }
@@ -187,31 +260,99 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
 void WorkerRegistry::Release(const std::string& job_id,
                              const std::vector<std::string>& worker_ids) {
   absl::MutexLock lock(&mu_);
-  for (auto& [id, e] : workers_) {
-    if (!worker_ids.empty() &&
-        std::find(worker_ids.begin(), worker_ids.end(), id) == worker_ids.end()) {
-      continue;
-    }
+  auto release = [&](Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (e.status.job_id() == job_id &&
         e.status.state() == apapo::v1::WORKER_STATE_BUSY) {
-      e.status.set_state(apapo::v1::WORKER_STATE_IDLE);
+      SetStateLocked(e, apapo::v1::WORKER_STATE_IDLE);
       e.status.clear_job_id();
     }
+  };
+  if (worker_ids.empty()) {
+    for (auto& [id, e] : workers_) release(e);
+    return;
+  }
+  for (const std::string& id : worker_ids) {
+    auto it = workers_.find(id);
+    if (it != workers_.end()) release(it->second);
   }
 }
 
+std::optional<apapo::v1::WorkerInfo> WorkerRegistry::Info(
+    const std::string& worker_id) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  return it->second.status.info();
+}
+
+apapo::v1::WorkerStatus WorkerRegistry::StatusOf(const Entry& entry) const {
+  apapo::v1::WorkerStatus status = entry.status;
+  if (status.state() != apapo::v1::WORKER_STATE_LOST) {
+    *status.mutable_last_heartbeat() = ToProto(entry.session->last_seen());
+  }
+  return status;
+}
+
+absl::StatusOr<apapo::v1::ListWorkersResponse> WorkerRegistry::List(
+    const apapo::v1::ListWorkersRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be >= 0, got ", request.page_size()));
+  }
+  const int page_size = request.page_size() == 0
+                            ? kDefaultPageSize
+                            : std::min(request.page_size(), kMaxPageSize);
+  auto wanted = [&](apapo::v1::WorkerState state) {
+    return request.states().empty() ||
+           std::find(request.states().begin(), request.states().end(),
+                     state) != request.states().end();
+  };
+  apapo::v1::ListWorkersResponse response;
+  absl::ReaderMutexLock lock(&mu_);
+  int total = 0;
+  for (const auto& [state, count] : counts_) {
+    if (wanted(state)) total += count;
+  }
+  response.set_total(total);
+  // The token is the last id of the previous page: continue after it (the
+  // worker may have gone since; ids are ordered, so that still works).
+  auto it = request.page_token().empty()
+                ? workers_.begin()
+                : workers_.upper_bound(request.page_token());
+  for (; it != workers_.end(); ++it) {
+    if (!wanted(it->second.status.state())) continue;
+    if (response.workers_size() == page_size) {
+      response.set_next_page_token(
+          response.workers(response.workers_size() - 1).info().worker_id());
+      break;
+    }
+    *response.add_workers() = StatusOf(it->second);
+  }
+  return response;
+}
+
 std::vector<apapo::v1::WorkerStatus> WorkerRegistry::List() {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   std::vector<apapo::v1::WorkerStatus> out;
-  for (const auto& [id, e] : workers_) out.push_back(e.status);
+  out.reserve(workers_.size());
+  for (const auto& [id, e] : workers_) out.push_back(StatusOf(e));
+  return out;
+}
+
+std::vector<std::pair<std::string, absl::Time>>
+WorkerRegistry::LastHeartbeats() {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::pair<std::string, absl::Time>> out;
+  for (const auto& [id, e] : workers_) {
+    if (e.status.state() == apapo::v1::WORKER_STATE_LOST) continue;
+    out.emplace_back(id, e.session->last_seen());
+  }
   return out;
 }
 
 std::map<apapo::v1::WorkerState, int> WorkerRegistry::CountByState() {
-  absl::MutexLock lock(&mu_);
-  std::map<apapo::v1::WorkerState, int> counts;
-  for (const auto& [id, e] : workers_) ++counts[e.status.state()];
-  return counts;
+  absl::ReaderMutexLock lock(&mu_);
+  return counts_;
 }
 
 void WorkerRegistry::SetLostHook(LostHook hook) {

@@ -1,6 +1,7 @@
 #include "coordinator/worker_registry.h"
 
-#include <thread>
+#include <memory>
+#include <set>
 
 #include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
@@ -8,6 +9,9 @@
 
 namespace apapo::coordinator {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 apapo::v1::WorkerInfo Info(const std::string& id,
                            std::map<std::string, std::string> labels = {}) {
@@ -18,14 +22,30 @@ apapo::v1::WorkerInfo Info(const std::string& id,
   return info;
 }
 
+// Records what the registry tells a stream.
+class RecordingStream : public WorkerStream {
+ public:
+  void OnCommandsQueued() override { ++queued; }
+  void OnSessionEnded(const std::string& reason) override { ended.push_back(reason); }
+  int queued = 0;
+  std::vector<std::string> ended;
+};
+
 class WorkerRegistryTest : public ::testing::Test {
  protected:
+  std::shared_ptr<WorkerSession> Add(const std::string& id,
+                                     WorkerStream* stream = nullptr) {
+    auto session = registry_.Register(Info(id), stream);
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.value_or(nullptr);
+  }
+
   FakeClock clock_;
   WorkerRegistry registry_{&clock_, absl::Seconds(1)};
 };
 
 TEST_F(WorkerRegistryTest, RegisterListAndDuplicateIds) {
-  ASSERT_TRUE(registry_.Register(Info("w-1")).ok());
+  ASSERT_NE(Add("w-1"), nullptr);
   auto dup = registry_.Register(Info("w-1"));
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(registry_.Register(Info("")).status().code(),
@@ -41,21 +61,53 @@ TEST_F(WorkerRegistryTest, SilentWorkerIsLostAndHookNamesItsJob) {
                             const std::string& reason) {
     lost.push_back(w + "@" + job + ": " + reason);
   });
-  auto s1 = registry_.Register(Info("w-1"));
-  auto s2 = registry_.Register(Info("w-2"));
+  RecordingStream stream1;
+  auto s1 = Add("w-1", &stream1);
+  auto s2 = Add("w-2");
   ASSERT_TRUE(registry_.Reserve("job-000001", 1, {}).ok());
   clock_.Advance(absl::Seconds(2));
-  registry_.Heartbeat("w-2", *s2);
+  s2->Heartbeat();
+  EXPECT_TRUE(registry_.CheckTimeouts().empty());
   clock_.Advance(absl::Seconds(2));  // w-1 silent 4 s > 3 x 1 s
   EXPECT_EQ(registry_.CheckTimeouts(), std::vector<std::string>{"w-1"});
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_THAT(lost[0], ::testing::StartsWith("w-1@job-000001: no heartbeat for 4s"));
+  EXPECT_THAT(stream1.ended, ElementsAre(HasSubstr("no heartbeat")));
+  EXPECT_FALSE(s1->live());
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_LOST], 1);
   // A lost worker may come back under its id, on a new session.
-  auto again = registry_.Register(Info("w-1"));
-  ASSERT_TRUE(again.ok());
-  EXPECT_NE(*again, *s1);
-  EXPECT_FALSE(registry_.IsCurrent("w-1", *s1));
+  auto again = Add("w-1");
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->id(), s1->id());
+  EXPECT_TRUE(again->live());
+  // The old session's stream ending later changes nothing.
+  registry_.Disconnect(*s1, "late");
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_LOST], 0);
+}
+
+TEST_F(WorkerRegistryTest, DeadlineQueueFollowsHeartbeats) {
+  // One interval = 1 s; lost after 3 s of silence.
+  auto a = Add("a");
+  clock_.Advance(absl::Seconds(1));
+  auto b = Add("b");
+  EXPECT_EQ(registry_.NextDeadline(), a->last_seen() + absl::Seconds(3));
+  // a keeps heartbeating: each due time finds it alive and re-queues it at
+  // its own new deadline, never before.
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Milliseconds(900));
+    a->Heartbeat();
+    EXPECT_THAT(registry_.CheckTimeouts(), ::testing::Each("b"));
+    EXPECT_GT(registry_.NextDeadline(), clock_.Now());
+  }
+  EXPECT_FALSE(b->live());
+  EXPECT_TRUE(a->live());
+  // Nobody connected: nothing due.
+  registry_.Disconnect(*a, "bye");
+  EXPECT_TRUE(registry_.CheckTimeouts().empty());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(registry_.CheckTimeouts().empty());
+  EXPECT_EQ(registry_.NextDeadline(), absl::InfiniteFuture());
 }
 
 TEST_F(WorkerRegistryTest, ReserveHonoursSelectorAndCountThenRelease) {
@@ -70,29 +122,97 @@ TEST_F(WorkerRegistryTest, ReserveHonoursSelectorAndCountThenRelease) {
   EXPECT_EQ(*got, (std::vector<std::string>{"a", "c"}));
   EXPECT_EQ(registry_.Reserve("j2", 2, {}).status().code(),
             absl::StatusCode::kResourceExhausted);
+  registry_.Release("j1", {"c"});
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
   registry_.Release("j1");
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 3);
+  // Registration order, not id order, decides who is taken first.
+  auto all = registry_.Reserve("j3", 3, {});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<std::string>{"a", "b", "c"}));
 }
 
-TEST_F(WorkerRegistryTest, CommandsQueueInOrderWithIdsAndStopOnDisconnect) {
-  auto s = registry_.Register(Info("w"));
+TEST_F(WorkerRegistryTest, CommandsArePushedToTheStreamInOrderWithIds) {
+  RecordingStream stream;
+  auto s = Add("w", &stream);
   apapo::v1::CoordinatorMessage start;
   start.mutable_start()->set_job_id("j");
   auto id1 = registry_.Send("w", start);
   auto id2 = registry_.Send("w", start);
   ASSERT_TRUE(id1.ok() && id2.ok());
   EXPECT_LT(*id1, *id2);
-  auto m1 = registry_.NextCommand("w", *s, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(stream.queued, 2);
+  EXPECT_EQ(s->pending(), 2u);
+  auto m1 = s->TakeCommand();
   ASSERT_TRUE(m1.has_value());
   EXPECT_EQ(m1->command_id(), *id1);
-  registry_.NextCommand("w", *s, absl::Now() + absl::Seconds(10));
-  // A waiting writer wakes up when its session ends.
-  std::thread closer([&] { registry_.Disconnect("w", *s, "bye"); });
-  EXPECT_FALSE(registry_.NextCommand("w", *s, absl::Now() + absl::Seconds(30))
-                   .has_value());
-  closer.join();
+  EXPECT_EQ(s->TakeCommand()->command_id(), *id2);
+  EXPECT_FALSE(s->TakeCommand().has_value());
+  // Queued commands of a session that ends are dropped; later sends fail.
+  ASSERT_TRUE(registry_.Send("w", start).ok());
+  registry_.Disconnect(*s, "bye");
+  EXPECT_EQ(s->pending(), 0u);
   EXPECT_EQ(registry_.Send("w", start).status().code(),
             absl::StatusCode::kUnavailable);
+  EXPECT_EQ(registry_.Send("nobody", start).status().code(),
+            absl::StatusCode::kUnavailable);
+  // A detached stream hears nothing more.
+  auto again = Add("w", &stream);
+  again->DetachStream();
+  ASSERT_TRUE(registry_.Send("w", start).ok());
+  EXPECT_EQ(stream.queued, 3);
+}
+
+TEST_F(WorkerRegistryTest, ListPagesInIdOrderAndFiltersByState) {
+  std::vector<std::shared_ptr<WorkerSession>> sessions;
+  for (int i = 0; i < 7; ++i) sessions.push_back(Add("w-" + std::to_string(i)));
+  ASSERT_TRUE(registry_.Reserve("j", 2, {}).ok());  // w-0, w-1
+  registry_.Disconnect(*sessions[6], "bye");
+  apapo::v1::ListWorkersRequest request;
+  request.set_page_size(3);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto response = registry_.List(request);
+    ASSERT_TRUE(response.ok());
+    EXPECT_EQ(response->total(), 7);
+    for (const auto& w : response->workers()) seen.push_back(w.info().worker_id());
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_THAT(seen, ElementsAre("w-0", "w-1", "w-2", "w-3", "w-4", "w-5", "w-6"));
+
+  apapo::v1::ListWorkersRequest busy_or_lost;
+  busy_or_lost.add_states(apapo::v1::WORKER_STATE_BUSY);
+  busy_or_lost.add_states(apapo::v1::WORKER_STATE_LOST);
+  auto filtered = registry_.List(busy_or_lost);
+  ASSERT_TRUE(filtered.ok());
+  EXPECT_EQ(filtered->total(), 3);
+  ASSERT_EQ(filtered->workers_size(), 3);
+  EXPECT_EQ(filtered->workers(2).info().worker_id(), "w-6");
+  EXPECT_EQ(filtered->workers(2).state(), apapo::v1::WORKER_STATE_LOST);
+  EXPECT_TRUE(filtered->next_page_token().empty());
+
+  apapo::v1::ListWorkersRequest bad;
+  bad.set_page_size(-1);
+  auto error = registry_.List(bad);
+  EXPECT_EQ(error.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(error.status().message(), HasSubstr("page_size"));
+}
+
+TEST_F(WorkerRegistryTest, ListReportsTheLastHeartbeat) {
+  auto s = Add("w");
+  clock_.Advance(absl::Milliseconds(700));
+  s->Heartbeat();
+  const absl::Time beat = clock_.Now();
+  clock_.Advance(absl::Milliseconds(300));
+  auto list = registry_.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].last_heartbeat().seconds(), absl::ToUnixSeconds(beat));
+  EXPECT_EQ(list[0].last_heartbeat().nanos(),
+            absl::ToUnixNanos(beat) % 1000000000);
+  auto beats = registry_.LastHeartbeats();
+  ASSERT_EQ(beats.size(), 1u);
+  EXPECT_EQ(beats[0].second, beat);
 }
 
 }  // namespace

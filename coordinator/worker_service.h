@@ -1,47 +1,56 @@
-// WorkerService gRPC adapter: holds each worker's Connect stream, feeding
-// the WorkerRegistry (registration, liveness) and a WorkerMessageListener
-// (profiles, metrics, acknowledgements, stage outcomes), and writing the
-// commands queued in the registry back down the stream.
+// WorkerService gRPC adapter on gRPC's callback (reactor) API: each worker's
+// Connect stream is one reactor object, not a thread. It registers the
+// worker in the WorkerRegistry, records heartbeats on its session (one
+// atomic store), hands every other message to a WorkerMessageListener
+// (profiles, metrics, acknowledgements, stage outcomes), and writes the
+// commands queued for the worker as soon as the registry tells it they are
+// there (WorkerStream) — nothing polls.
 //
-// Thread-safety: each Connect call runs on its own gRPC thread plus one
-// writer thread for its duration; all shared state is in the registry.
+// A stream ends when the worker closes it, the connection breaks, the
+// registry marks the worker lost (silent too long: the stream is closed
+// with UNAVAILABLE), the same id registers on another stream while this one
+// is lost, or the server shuts down; the worker is then lost in the
+// registry.
+//
+// Thread-safety: reactions run on gRPC's callback threads; a registry
+// notification may arrive from any thread. Each reactor serialises its own
+// writes; all shared state is in the registry and the listener, both of
+// which must be thread-safe and must not block.
 #ifndef APAPO_COORDINATOR_WORKER_SERVICE_H_
 #define APAPO_COORDINATOR_WORKER_SERVICE_H_
 
 #include <functional>
 #include <string>
 
-#include "absl/time/time.h"
 #include "coordinator/worker_listener.h"
 #include "coordinator/worker_registry.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
 
 namespace apapo::coordinator {
 
-class WorkerServiceImpl final : public apapo::v1::WorkerService::Service {
+class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService {
  public:
   // `registry` (and `listener`, which may be null) must outlive the service.
-  // Writers re-check their stream every `poll`.
-  WorkerServiceImpl(WorkerRegistry* registry, WorkerMessageListener* listener,
-                    absl::Duration poll = absl::Milliseconds(200));
+  WorkerServiceImpl(WorkerRegistry* registry, WorkerMessageListener* listener);
 
-  // Called after every registration (wakes the scheduler, counts).
+  // Called after every registration (wakes the scheduler, counts). Set
+  // before the server starts.
   void SetRegisterHook(std::function<void(const std::string&)> hook) {
     on_registered_ = std::move(hook);
   }
 
-  grpc::Status Connect(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<apapo::v1::CoordinatorMessage,
-                               apapo::v1::WorkerMessage>* stream) override;
-  grpc::Status ListWorkers(grpc::ServerContext* context,
-                           const apapo::v1::ListWorkersRequest* request,
-                           apapo::v1::ListWorkersResponse* response) override;
+  grpc::ServerBidiReactor<apapo::v1::WorkerMessage, apapo::v1::CoordinatorMessage>*
+  Connect(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListWorkers(
+      grpc::CallbackServerContext* context,
+      const apapo::v1::ListWorkersRequest* request,
+      apapo::v1::ListWorkersResponse* response) override;
 
  private:
+  class ConnectReactor;
+
   WorkerRegistry* const registry_;
   WorkerMessageListener* const listener_;
-  const absl::Duration poll_;
   std::function<void(const std::string&)> on_registered_;
 };
 

@@ -5,6 +5,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
+#include "coordinator/fake_clock.h"
 #include "coordinator/server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -55,7 +56,7 @@ class WorkerServiceTest : public ::testing::Test {
   RealClock clock_;
   WorkerRegistry registry_{&clock_, absl::Seconds(5)};
   RecordingListener listener_;
-  WorkerServiceImpl service_{&registry_, &listener_, absl::Milliseconds(20)};
+  WorkerServiceImpl service_{&registry_, &listener_};
   CoordinatorServer server_{{&service_}};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<apapo::v1::WorkerService::Stub> stub_;
@@ -120,6 +121,98 @@ TEST_F(WorkerServiceTest, DuplicateLiveIdIsAlreadyExists) {
   EXPECT_EQ(second->Finish().error_code(), grpc::StatusCode::ALREADY_EXISTS);
   first->WritesDone();
   EXPECT_TRUE(first->Finish().ok());
+}
+
+TEST_F(WorkerServiceTest, CommandsQueuedBeforeRegisteredArriveAfterIt) {
+  // The scheduler may queue a command the moment a worker registers: the
+  // Registered reply still comes first, then the commands in order.
+  registry_.SetLostHook(nullptr);
+  service_.SetRegisterHook([this](const std::string& id) {
+    apapo::v1::CoordinatorMessage stop;
+    stop.mutable_stop()->set_job_id("early");
+    ASSERT_TRUE(registry_.Send(id, stop).ok());
+    ASSERT_TRUE(registry_.Send(id, stop).ok());
+  });
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  ASSERT_TRUE(stream->Write(Register("w-early")));
+  apapo::v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_TRUE(reply.has_registered());
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_EQ(reply.stop().job_id(), "early");
+  const int64_t first = reply.command_id();
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_GT(reply.command_id(), first);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(WorkerServiceTest, ListWorkersPagesAndNamesABadField) {
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<
+      apapo::v1::WorkerMessage, apapo::v1::CoordinatorMessage>>> streams;
+  for (int i = 0; i < 5; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(stub_->Connect(contexts.back().get()));
+    ASSERT_TRUE(streams.back()->Write(Register("w-" + std::to_string(i))));
+    apapo::v1::CoordinatorMessage reply;
+    ASSERT_TRUE(streams.back()->Read(&reply));
+  }
+  apapo::v1::ListWorkersRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> seen;
+  while (true) {
+    grpc::ClientContext ctx;
+    apapo::v1::ListWorkersResponse page;
+    ASSERT_TRUE(stub_->ListWorkers(&ctx, request, &page).ok());
+    EXPECT_EQ(page.total(), 5);
+    EXPECT_LE(page.workers_size(), 2);
+    for (const auto& w : page.workers()) seen.push_back(w.info().worker_id());
+    if (page.next_page_token().empty()) break;
+    request.set_page_token(page.next_page_token());
+  }
+  EXPECT_THAT(seen, ::testing::ElementsAre("w-0", "w-1", "w-2", "w-3", "w-4"));
+  grpc::ClientContext bad_ctx;
+  apapo::v1::ListWorkersRequest bad;
+  bad.set_page_size(-3);
+  apapo::v1::ListWorkersResponse unused;
+  grpc::Status status = stub_->ListWorkers(&bad_ctx, bad, &unused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("page_size"));
+  for (auto& stream : streams) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
+// The registry marks a silent worker lost (the monitor's CheckTimeouts): its
+// stream is closed with UNAVAILABLE saying why, so the daemon reconnects.
+TEST(WorkerServiceTimeoutTest, SilentWorkerIsLostAndItsStreamClosed) {
+  FakeClock clock;
+  WorkerRegistry registry{&clock, absl::Seconds(1)};
+  WorkerServiceImpl service{&registry, nullptr};
+  CoordinatorServer server{{&service}};
+  auto port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok());
+  auto stub = apapo::v1::WorkerService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(*port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Connect(&ctx);
+  apapo::v1::WorkerMessage reg;
+  reg.mutable_register_()->set_worker_id("quiet");
+  ASSERT_TRUE(stream->Write(reg));
+  apapo::v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_registered());
+  clock.Advance(absl::Seconds(4));
+  EXPECT_THAT(registry.CheckTimeouts(), ::testing::ElementsAre("quiet"));
+  EXPECT_FALSE(stream->Read(&reply));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("no heartbeat for 4s"));
+  EXPECT_EQ(registry.List()[0].state(), apapo::v1::WORKER_STATE_LOST);
+  server.Shutdown();
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ struct Coordinator {
   coordinator::RealClock clock;
   coordinator::WorkerRegistry registry{&clock, absl::Milliseconds(100)};
   Inbox inbox;
-  coordinator::WorkerServiceImpl service{&registry, &inbox, absl::Milliseconds(20)};
+  coordinator::WorkerServiceImpl service{&registry, &inbox};
   coordinator::CoordinatorServer server{{&service}};
   int port = 0;
 };
@@ -115,10 +115,15 @@ TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
   apapo::v1::CoordinatorMessage profile;
   profile.mutable_profile()->set_job_id("job-1");
   profile.mutable_profile()->mutable_spec()->set_name("m");
-  ASSERT_TRUE(coord->registry.Send("w-test", profile).ok());
+  auto profile_id = coord->registry.Send("w-test", profile);
+  ASSERT_TRUE(profile_id.ok());
   WorkerMessage result = coord->inbox.WaitFor(WorkerMessage::kProfileResult);
   EXPECT_EQ(result.profile_result().job_id(), "job-1");
   EXPECT_EQ(result.profile_result().profile().nodes(0).id(), "fc1");
+  // The profile is acked after its result (on the profiling thread): wait
+  // for that ack, so the next ack is the assignment's.
+  EXPECT_EQ(coord->inbox.WaitFor(WorkerMessage::kAck, 0).ack().command_id(),
+            *profile_id);
 
   apapo::v1::CoordinatorMessage assign;
   assign.mutable_assign()->set_job_id("job-1");
