@@ -5,6 +5,7 @@
 // ("listening on port N", "metrics on port N"), signals and exit codes live
 // here; the daemon itself is the Coordinator library (coordinator.h).
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <csignal>
@@ -54,7 +55,24 @@ std::string DefaultDataDir() {
   return absl::StrCat(home && *home ? home : ".", "/.local/share/apapo");
 }
 
+// Every worker holds one connection (a file descriptor) open: a fleet of
+// thousands needs more than the usual soft limit of 1024. Raise it to the
+// hard limit, as the operator or the unit file (LimitNOFILE) allows.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) {
+    return;
+  }
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    std::cerr << "apapo-coordinator: cannot raise the open-file limit above "
+              << before << "; at most about that many workers can connect\n";
+  }
+}
+
 int Run() {
+  RaiseOpenFileLimit();
   // Handle SIGINT/SIGTERM on this thread: block them here, before any
   // thread (gRPC, the metrics server, the scheduler) starts and inherits the
   // mask, so no other thread takes the default action.
