@@ -93,6 +93,25 @@ Listing ListAll(apapo::v1::WorkerService::Stub* stub, int page_size,
   }
 }
 
+// Workers in state LOST, counted on every page rather than trusted to the
+// filter (which a server without it ignores); -1 on an RPC error.
+int CountLost(apapo::v1::WorkerService::Stub* stub, int page_size,
+              int max_pages, int* total_reported,
+              std::vector<std::string>* problems) {
+  Listing lost =
+      ListAll(stub, page_size, {apapo::v1::WORKER_STATE_LOST}, max_pages);
+  if (!lost.status.ok()) {
+    problems->push_back(
+        absl::StrCat("ListWorkers(LOST): ", lost.status.error_message()));
+    return -1;
+  }
+  *total_reported = lost.total_reported;
+  return static_cast<int>(
+      std::count_if(lost.workers.begin(), lost.workers.end(), [](const auto& w) {
+        return w.state() == apapo::v1::WORKER_STATE_LOST;
+      }));
+}
+
 void Put(google::protobuf::Struct& s, const std::string& key, double v) {
   (*s.mutable_fields())[key].set_number_value(v);
 }
@@ -206,22 +225,8 @@ absl::StatusOr<BenchResult> RunFleetBenchmark(const BenchOptions& o) {
   } else if (registered) {
     r.problems.push_back("not every worker sent a heartbeat in time");
   }
-  {
-    Listing lost = ListAll(workers.get(), o.list_page_size,
-                           {apapo::v1::WORKER_STATE_LOST}, max_pages);
-    if (lost.status.ok()) {
-      // Counted here rather than trusted to the filter, which a server
-      // without it ignores.
-      r.lost_workers = static_cast<int>(std::count_if(
-          lost.workers.begin(), lost.workers.end(), [](const auto& w) {
-            return w.state() == apapo::v1::WORKER_STATE_LOST;
-          }));
-      r.lost_total_reported = lost.total_reported;
-    } else {
-      r.problems.push_back(
-          absl::StrCat("ListWorkers(LOST): ", lost.status.error_message()));
-    }
-  }
+  r.lost_workers = CountLost(workers.get(), o.list_page_size, max_pages,
+                             &r.lost_total_reported, &r.problems);
 
   // ListWorkers latency.
   {
@@ -331,6 +336,9 @@ absl::StatusOr<BenchResult> RunFleetBenchmark(const BenchOptions& o) {
     }
   }
 
+  int total_ignored = 0;
+  r.lost_workers_end = CountLost(workers.get(), o.list_page_size, max_pages,
+                                 &total_ignored, &r.problems);
   r.stop_status = fleet.Stop(absl::Now() + kStopTimeout);
   stats = fleet.Stats();
   r.fleet_errors = stats.errors;
@@ -363,6 +371,7 @@ std::string ResultJson(const BenchResult& r) {
       r.coordinator_cpu_s_per_1000_heartbeats);
   Put(s, "lost_workers", r.lost_workers);
   Put(s, "lost_total_reported", r.lost_total_reported);
+  Put(s, "lost_workers_end", r.lost_workers_end);
   Put(s, "list_first_page_ms", r.list_first_page_ms);
   Put(s, "list_first_page_workers", r.list_first_page_workers);
   Put(s, "list_total_reported", r.list_total_reported);
@@ -436,6 +445,7 @@ std::string ResultTable(const BenchResult& r) {
     row("started -> job ended (s)", f(r.started_to_end_s, "%.3f"));
     row("coordinator CPU over the job (s)", f(r.job_coordinator_cpu_s, "%.2f"));
   }
+  row("workers lost by the end", f(r.lost_workers_end, "%.0f"));
   row("fleet errors / streams ended early",
       absl::StrCat(r.fleet_errors, " / ", r.streams_ended_early));
   row("messages sent / received",

@@ -85,6 +85,9 @@ struct BenchResult {
   double started_to_end_s = -1;       // -> WatchJob saw the end
   double job_coordinator_cpu_s = -1;
 
+  // Workers in state LOST after the job, before the fleet disconnects.
+  int lost_workers_end = -1;
+
   // The simulator's own view.
   int64_t fleet_errors = 0;
   int streams_ended_early = 0;

@@ -468,11 +468,19 @@ bool FleetSimulator::AwaitJobMilestone(const std::string& job_id,
                                        JobMilestone milestone, int count,
                                        absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(job_id);
     return it != jobs_.end() && it->second.at(milestone).count >= count;
   };
-  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  // A stopped job (failed or cancelled) will not get any further.
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reached()) return true;
+    auto it = jobs_.find(job_id);
+    return milestone != JobMilestone::kStopReceived && it != jobs_.end() &&
+           it->second.at(JobMilestone::kStopReceived).count > 0;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  return reached();
 }
 
 bool FleetSimulator::AwaitAllAcked(absl::Time deadline) {

@@ -161,7 +161,8 @@ class FleetSimulator {
   bool WaitForHeartbeats(int64_t count, absl::Time deadline);
 
   // Whether `milestone` of `job_id` has been reached `count` times by
-  // `deadline`.
+  // `deadline`. Returns false early once a worker of the job was sent a
+  // StopCommand (the job failed or was cancelled).
   bool AwaitJobMilestone(const std::string& job_id, JobMilestone milestone,
                          int count, absl::Time deadline);
 
