@@ -22,6 +22,7 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator on a
   // taken port would then bind it too and share its connections. Refuse.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   // Workers' streams carry metrics: allow messages larger than the 4 MB
   // default (profiles of big models, plans).

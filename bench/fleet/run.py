@@ -85,10 +85,10 @@ def build(bazel):
     subprocess.run(argv, cwd=ROOT, check=True)
 
 
-def start_coordinator(log_path, timeout):
+def start_coordinator(log_path, timeout, binary=COORDINATOR):
     """Starts a coordinator on free ports; returns (process, grpc port)."""
     log = open(log_path, "wb")
-    p = start([COORDINATOR, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+    p = start([binary, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
                "--heartbeat_interval=1s", "--state=:memory:"],
               stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
     log.close()  # the child holds its own descriptor
@@ -114,13 +114,15 @@ def start_coordinator(log_path, timeout):
     return p, int(first.split("listening on port")[1].split()[0])
 
 
-def run_size(name, workers, job_workers, args, log_dir):
+def run_size(name, workers, job_workers, per_channel, args, log_dir,
+             binary=COORDINATOR):
     log_path = os.path.join(log_dir, "coordinator-%s.log" % name)
-    coordinator, port = start_coordinator(log_path, timeout=60)
+    coordinator, port = start_coordinator(log_path, timeout=60, binary=binary)
     try:
         argv = [FLEET_BENCH, "--target=127.0.0.1:%d" % port,
                 "--coordinator_pid=%d" % coordinator.pid,
                 "--workers=%d" % workers, "--job_workers=%d" % job_workers,
+                "--workers_per_channel=%d" % per_channel,
                 "--window=%ds" % args.window]
         print("\n+", " ".join(argv), flush=True)
         bench = start(argv, stdout=subprocess.PIPE, cwd=ROOT)
@@ -190,8 +192,15 @@ def summary(runs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000:64,10000:0",
-                        help="WORKERS:JOB_WORKERS, comma-separated")
+    parser.add_argument("--sizes", default="1000:64:1,10000:0:1",
+                        help="WORKERS:JOB_WORKERS[:WORKERS_PER_CONNECTION], "
+                        "comma-separated (1 per connection, as real daemons "
+                        "connect, is the default)")
+    parser.add_argument("--baseline_coordinator", default="",
+                        help="an apapo-coordinator binary of an older build: "
+                        "each size also runs against it, right after ours")
+    parser.add_argument("--baseline_max_workers", type=int, default=1000,
+                        help="sizes above this skip the baseline")
     parser.add_argument("--window", type=int, default=10,
                         help="heartbeat window, seconds")
     parser.add_argument("--timeout", type=float, default=900,
@@ -201,8 +210,9 @@ def main():
     args = parser.parse_args()
     sizes = []
     for part in args.sizes.split(","):
-        w, _, j = part.partition(":")
-        sizes.append((int(w), int(j or 0)))
+        fields = part.split(":")
+        sizes.append((int(fields[0]), int(fields[1]) if len(fields) > 1 else 0,
+                      int(fields[2]) if len(fields) > 2 else 1))
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -222,12 +232,20 @@ def main():
         if not args.skip_build:
             build(args.bazel)
         os.makedirs(log_dir, exist_ok=True)
-        for workers, job_workers in sizes:
+        for workers, job_workers, per_channel in sizes:
             name = "%d" % workers + ("+job%d" % job_workers if job_workers else "")
-            run = run_size(name, workers, job_workers, args, log_dir)
+            if per_channel != 1:
+                name += "x%dpc" % per_channel
+            run = run_size(name, workers, job_workers, per_channel, args, log_dir)
             report["runs"].append(run)
             if run["exit_code"] != 0 or not run["coordinator_survived"]:
                 status = 1
+            if args.baseline_coordinator and workers <= args.baseline_max_workers:
+                # The older build is measured, not judged: its failures do
+                # not fail this run.
+                report["runs"].append(run_size(
+                    name + " before", workers, job_workers, per_channel, args,
+                    log_dir, binary=args.baseline_coordinator))
     except subprocess.CalledProcessError as e:
         print("run.py: %s failed with %d" % (e.cmd, e.returncode), file=sys.stderr)
         status = 1
