@@ -22,6 +22,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator on a
   // taken port would then bind it too and share its connections. Refuse.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bandwidth-delay probing pings a connection as data arrives, to grow its
+  // flow-control window for bulk transfers; a control plane's messages are
+  // small, and a fleet's heartbeats would each cost a ping round trip.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   // Workers' streams carry metrics: allow messages larger than the 4 MB
