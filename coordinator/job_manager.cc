@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/limits.h"
 #include "coordinator/spec_validator.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -174,6 +175,7 @@ absl::StatusOr<apapo::v1::ListJobsResponse> JobManager::List(
         "page_token: unknown job \"", request.page_token(), "\""));
   }
   apapo::v1::ListJobsResponse response;
+  size_t page_bytes = 0;
   // Ids sort by submission order; walk newest first.
   auto it = request.page_token().empty()
                 ? jobs_.rbegin()
@@ -185,12 +187,16 @@ absl::StatusOr<apapo::v1::ListJobsResponse> JobManager::List(
                   job.state()) == request.states().end()) {
       continue;
     }
-    if (response.jobs_size() == page_size) {
+    // Full by count, or by size (common/limits.h): continue on the next page.
+    const size_t job_bytes = job.ByteSizeLong() + 8;  // + field framing
+    if (response.jobs_size() == page_size ||
+        (response.jobs_size() > 0 && page_bytes + job_bytes > kMaxPageBytes)) {
       response.set_next_page_token(
           response.jobs(response.jobs_size() - 1).id());
       break;
     }
     *response.add_jobs() = job;
+    page_bytes += job_bytes;
   }
   return response;
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "common/limits.h"
 #include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -236,6 +237,28 @@ TEST(JobManagerWriterTest, ProgressNotYetSavedIsWrittenOnDestruction) {
     ASSERT_TRUE(jobs.UpdateProgress(id, p).ok());
   }
   EXPECT_EQ(store.LoadJobs()->at(0).progress().step(), 11);
+}
+
+TEST_F(JobManagerTest, ListPagesStayUnderTheReplyLimitWhateverTheSpecs) {
+  // Specs near the cap (common/limits.h): a page of 100 of them would be
+  // ~90 MiB; pages stop at kMaxPageBytes and continue.
+  for (int i = 0; i < 5; ++i) {
+    auto spec = ValidSpec();
+    (*spec.mutable_labels())["blob"] = std::string(900 << 10, 'x');
+    ASSERT_TRUE(jobs_.Submit(spec).ok());
+  }
+  apapo::v1::ListJobsRequest request;
+  int seen = 0;
+  for (int page = 0; page < 10; ++page) {
+    auto response = jobs_.List(request);
+    ASSERT_TRUE(response.ok());
+    EXPECT_LE(response->ByteSizeLong(), kMaxPageBytes);
+    EXPECT_GE(response->jobs_size(), 1);
+    seen += response->jobs_size();
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, 5);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -27,9 +28,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   // small, and a fleet's heartbeats would each cost a ping round trip.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   for (grpc::Service* service : services_) builder.RegisterService(service);
-  // Workers' streams carry metrics: allow messages larger than the 4 MB
-  // default (profiles of big models, plans).
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  // The one limit servers and clients agree on (common/limits.h).
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();

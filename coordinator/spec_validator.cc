@@ -8,7 +8,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 
 namespace apapo::coordinator {
 namespace {
@@ -377,6 +379,12 @@ int EffectiveMicroBatches(const JobSpec& spec) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   Problems p;
+  // Checked first: a job carries its spec in every reply about it.
+  if (const size_t bytes = spec.ByteSizeLong(); bytes > kMaxSpecBytes) {
+    p.Add("spec", absl::StrFormat("%.1f MiB serialized, at most %d MiB",
+                                  bytes / 1048576.0, kMaxSpecBytes >> 20));
+    return p.ToStatus();
+  }
   if (!ValidName(spec.name())) {
     p.Add("spec.name", "must be 1..", kMaxNameLength,
           " characters of [A-Za-z0-9._-], got \"", spec.name(), "\"");

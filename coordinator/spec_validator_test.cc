@@ -184,5 +184,14 @@ TEST(SpecValidatorTest, NoModelNoDataNoOptimizerAllReported) {
               HasSubstr("spec.optimizer: one of sgd or adam"));
 }
 
+TEST(SpecValidatorTest, ASpecTooLargeForEveryReplyIsRefusedWithItsSize) {
+  JobSpec spec = Valid();
+  (*spec.mutable_labels())["blob"] = std::string(2 << 20, 'x');
+  absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec: 2.0 MiB serialized, at most 1 MiB"));
+}
+
 }  // namespace
 }  // namespace apapo::coordinator

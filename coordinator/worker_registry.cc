@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace apapo::coordinator {
@@ -314,6 +315,7 @@ absl::StatusOr<apapo::v1::ListWorkersResponse> WorkerRegistry::List(
     if (wanted(state)) total += count;
   }
   response.set_total(total);
+  size_t page_bytes = 0;
   // The token is the last id of the previous page: continue after it (the
   // worker may have gone since; ids are ordered, so that still works).
   auto it = request.page_token().empty()
@@ -321,12 +323,18 @@ absl::StatusOr<apapo::v1::ListWorkersResponse> WorkerRegistry::List(
                 : workers_.upper_bound(request.page_token());
   for (; it != workers_.end(); ++it) {
     if (!wanted(it->second.status.state())) continue;
-    if (response.workers_size() == page_size) {
+    // Full by count, or by size (common/limits.h): continue on the next page.
+    // + the heartbeat time filled in below and the field framing.
+    const size_t worker_bytes = it->second.status.ByteSizeLong() + 24;
+    if (response.workers_size() == page_size ||
+        (response.workers_size() > 0 &&
+         page_bytes + worker_bytes > kMaxPageBytes)) {
       response.set_next_page_token(
           response.workers(response.workers_size() - 1).info().worker_id());
       break;
     }
     *response.add_workers() = StatusOf(it->second);
+    page_bytes += worker_bytes;
   }
   return response;
 }

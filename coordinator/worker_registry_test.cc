@@ -3,6 +3,7 @@
 #include <memory>
 #include <set>
 
+#include "common/limits.h"
 #include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -213,6 +214,26 @@ TEST_F(WorkerRegistryTest, ListReportsTheLastHeartbeat) {
   auto beats = registry_.LastHeartbeats();
   ASSERT_EQ(beats.size(), 1u);
   EXPECT_EQ(beats[0].second, beat);
+}
+
+TEST_F(WorkerRegistryTest, ListPagesStayUnderTheReplyLimit) {
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(registry_
+                    .Register(Info("w-" + std::to_string(100 + i),
+                                   {{"note", std::string(100 << 10, 'x')}}))
+                    .ok());
+  }
+  apapo::v1::ListWorkersRequest request;
+  int seen = 0;
+  for (int page = 0; page < 10; ++page) {
+    auto response = registry_.List(request);
+    ASSERT_TRUE(response.ok());
+    EXPECT_LE(response->ByteSizeLong(), kMaxPageBytes);
+    seen += response->workers_size();
+    if (response->next_page_token().empty()) break;
+    request.set_page_token(response->next_page_token());
+  }
+  EXPECT_EQ(seen, 30);
 }
 
 }  // namespace

@@ -71,6 +71,29 @@ class CoordinatorApiTest(unittest.TestCase):
         self.assertIn("spec.schedule.micro_batches: must be >= 1, got 0",
                       e.exception.details())
 
+    def test_oversized_specs_are_refused_and_listing_keeps_working(self):
+        # Over the spec cap (1 MiB): INVALID_ARGUMENT naming the spec and
+        # its size. Over the message limit every client agrees on (4 MiB,
+        # gRPC's default): refused by the transport. Neither is stored, so
+        # list and get keep working for everyone.
+        spec = example_spec()
+        spec.labels["blob"] = "x" * (2 << 20)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec: 2.0 MiB serialized, at most 1 MiB", e.exception.details())
+        spec.labels["blob"] = "x" * (5 << 20)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        # The largest spec accepted still comes back in list replies.
+        spec.labels["blob"] = "x" * (1000 << 10)
+        job = self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec), timeout=10).job
+        listed = self.jobs.ListJobs(service_pb2.ListJobsRequest(), timeout=10)
+        self.assertIn(job.id, [j.id for j in listed.jobs])
+        self.jobs.CancelJob(service_pb2.CancelJobRequest(job_id=job.id, reason="test"),
+                            timeout=10)
+
     def test_submit_get_watch_cancel_and_history_survives_restart(self):
         job = self.jobs.SubmitJob(
             service_pb2.SubmitJobRequest(spec=example_spec()), timeout=10).job

@@ -1,0 +1,24 @@
+// Sizes every APapo server and client agree on, so that nothing the
+// coordinator accepts can later make a reply too large for a client.
+//
+// kMaxMessageBytes is gRPC's default receive limit: any gRPC client (C++,
+// Python, grpcurl) talks to the coordinator without configuring anything.
+// The server receives and sends at most that. A stored JobSpec is capped
+// well below it (spec_validator), and list replies stop adding items at
+// kMaxPageBytes, continuing on the next page.
+//
+// Thread-safety: constants only.
+#ifndef APAPO_COMMON_LIMITS_H_
+#define APAPO_COMMON_LIMITS_H_
+
+#include <cstddef>
+
+namespace apapo {
+
+inline constexpr int kMaxMessageBytes = 4 << 20;
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+inline constexpr size_t kMaxPageBytes = kMaxMessageBytes / 2;
+
+}  // namespace apapo
+
+#endif  // APAPO_COMMON_LIMITS_H_
