@@ -88,8 +88,11 @@ void WorkerSession::NotifyEnded(const std::string& reason) {
 
 // --- WorkerRegistry ---
 
-WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval)
-    : clock_(clock), heartbeat_interval_(heartbeat_interval) {}
+WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval,
+                               int max_lost)
+    : clock_(clock),
+      heartbeat_interval_(heartbeat_interval),
+      max_lost_(static_cast<size_t>(std::max(0, max_lost))) {}
 
 void WorkerRegistry::SetStateLocked(Entry& entry, apapo::v1::WorkerState state) {
   const apapo::v1::WorkerState before = entry.status.state();
@@ -146,6 +149,21 @@ std::function<void()> WorkerRegistry::MarkLostLocked(Entry& entry,
   entry.status.clear_job_id();
   *entry.status.mutable_last_heartbeat() = ToProto(entry.session->last_seen());
   entry.session->MarkEnded();
+  lost_order_.emplace_back(id, entry.session->id());
+  // Forget the oldest lost workers beyond the cap (never `entry` itself
+  // while it is being reported: it is the newest).
+  while (counts_[apapo::v1::WORKER_STATE_LOST] > static_cast<int>(max_lost_) &&
+         lost_order_.size() > 1) {
+    auto [old_id, old_session] = lost_order_.front();
+    lost_order_.pop_front();
+    auto old = workers_.find(old_id);
+    if (old == workers_.end() || old->second.session->id() != old_session ||
+        old->second.status.state() != apapo::v1::WORKER_STATE_LOST) {
+      continue;  // came back since
+    }
+    --counts_[apapo::v1::WORKER_STATE_LOST];
+    workers_.erase(old);
+  }
   std::cerr << "apapo-coordinator: worker " << id << " lost: " << reason
             << (job.empty() ? "" : absl::StrCat(" (job ", job, ")")) << "\n";
   LostHook hook = lost_hook_;

@@ -128,7 +128,10 @@ class WorkerRegistry {
   using LostHook = std::function<void(const std::string&, const std::string&,
                                       const std::string&)>;
 
-  WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval);
+  // Keeps at most `max_lost` lost workers listed (the oldest lost are
+  // forgotten first), so a churning fleet does not grow the registry.
+  WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval,
+                 int max_lost = 10000);
 
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
@@ -207,6 +210,7 @@ class WorkerRegistry {
   // Constant after construction.
   Clock* const clock_;
   const absl::Duration heartbeat_interval_;
+  const size_t max_lost_;
 
   std::atomic<int64_t> next_command_{1};
 
@@ -218,6 +222,9 @@ class WorkerRegistry {
   int64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
   LostHook lost_hook_ ABSL_GUARDED_BY(mu_);
+  // Lost sessions, oldest first: (worker id, session id). Entries that came
+  // back since are skipped when popped.
+  std::deque<std::pair<std::string, int64_t>> lost_order_ ABSL_GUARDED_BY(mu_);
 
   // The deadline queue (lock taken after mu_ when both are held).
   absl::Mutex due_mu_ ABSL_ACQUIRED_AFTER(mu_);

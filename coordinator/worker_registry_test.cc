@@ -236,5 +236,28 @@ TEST_F(WorkerRegistryTest, ListPagesStayUnderTheReplyLimit) {
   EXPECT_EQ(seen, 30);
 }
 
+TEST(WorkerRegistryCapTest, OnlyTheNewestLostWorkersAreKept) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(1), /*max_lost=*/2);
+  std::vector<std::shared_ptr<WorkerSession>> sessions;
+  for (int i = 0; i < 5; ++i) {
+    sessions.push_back(*registry.Register(Info("w-" + std::to_string(i))));
+  }
+  registry.Disconnect(*sessions[0], "bye");
+  registry.Disconnect(*sessions[1], "bye");
+  // w-1 comes back: it is no longer lost, so it is never forgotten.
+  auto back = registry.Register(Info("w-1"));
+  ASSERT_TRUE(back.ok());
+  registry.Disconnect(*sessions[2], "bye");
+  registry.Disconnect(*sessions[3], "bye");  // third lost: w-0 is forgotten
+  std::vector<std::string> ids;
+  for (const auto& w : registry.List()) ids.push_back(w.info().worker_id());
+  EXPECT_THAT(ids, ElementsAre("w-1", "w-2", "w-3", "w-4"));
+  EXPECT_EQ(registry.CountByState()[apapo::v1::WORKER_STATE_LOST], 2);
+  EXPECT_EQ(registry.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
+  // A forgotten worker may register again like a new one.
+  EXPECT_TRUE(registry.Register(Info("w-0")).ok());
+}
+
 }  // namespace
 }  // namespace apapo::coordinator
