@@ -2,7 +2,10 @@
 // fake JobRunner: registration, commands, acks, outcomes, reconnection.
 #include "worker/daemon/daemon.h"
 
+#include <algorithm>
 #include <thread>
+
+#include "absl/random/random.h"
 
 #include "coordinator/server.h"
 #include "coordinator/worker_service.h"
@@ -196,6 +199,21 @@ TEST(WorkerDaemonTest, ProfileThatHostsTheLinkTestAcksThePortFirst) {
   daemon.Shutdown();
   run.join();
   coord.server.Shutdown();
+}
+
+TEST(JitteredBackoffTest, SpreadsAroundTheBackoff) {
+  absl::BitGen gen;
+  absl::Duration lo = absl::InfiniteDuration(), hi = absl::ZeroDuration();
+  for (int i = 0; i < 1000; ++i) {
+    absl::Duration d = JitteredBackoff(absl::Seconds(1), gen);
+    ASSERT_GE(d, absl::Milliseconds(500));
+    ASSERT_LT(d, absl::Milliseconds(1500));
+    lo = std::min(lo, d);
+    hi = std::max(hi, d);
+  }
+  // A fleet of 1,000 reconnects over (nearly) the whole second, not at once.
+  EXPECT_LT(lo, absl::Milliseconds(550));
+  EXPECT_GT(hi, absl::Milliseconds(1450));
 }
 
 }  // namespace

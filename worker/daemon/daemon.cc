@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 
+#include "absl/random/distributions.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/time_util.h"
@@ -221,13 +223,20 @@ int WorkerDaemon::registrations() {
   return registrations_;
 }
 
+absl::Duration JitteredBackoff(absl::Duration backoff, absl::BitGenRef gen) {
+  return backoff * absl::Uniform(gen, 0.5, 1.5);
+}
+
 void WorkerDaemon::Run() {
   absl::Duration backoff = options_.initial_backoff;
+  absl::BitGen gen;
   while (!shutdown_.HasBeenNotified()) {
     int before = registrations();
     RunSession();
     if (registrations() > before) backoff = options_.initial_backoff;
-    if (shutdown_.WaitForNotificationWithTimeout(backoff)) break;
+    if (shutdown_.WaitForNotificationWithTimeout(JitteredBackoff(backoff, gen))) {
+      break;
+    }
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }

@@ -5,8 +5,10 @@
 // this worker host the job's rendezvous (store_port 0: an AssignStage, or the
 // ProfileCommand of rank 0 of a link test) is acknowledged with the bound
 // port before its work starts. When the coordinator
-// is away it reconnects with exponential backoff; when the stream breaks it
-// stops the job it was running (the coordinator fails that job).
+// is away it reconnects with exponential backoff, each wait jittered by
+// +-50% so that a fleet whose coordinator restarts does not reconnect in
+// one burst; when the stream breaks it stops the job it was running (the
+// coordinator fails that job).
 //
 // Call order: construct, Run() (blocks) on one thread; Shutdown() from any
 // other thread ends Run().
@@ -21,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/bit_gen_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -34,10 +37,13 @@ struct DaemonOptions {
   std::string coordinator;
   // What the worker registers as (worker_id must be set).
   apapo::v1::WorkerInfo info;
-  // Reconnect backoff: doubles from initial to max.
+  // Reconnect backoff: doubles from initial to max (before jitter).
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
 };
+
+// A reconnect wait: `backoff` scaled by a uniform factor in [0.5, 1.5).
+absl::Duration JitteredBackoff(absl::Duration backoff, absl::BitGenRef gen);
 
 class WorkerDaemon {
  public:
