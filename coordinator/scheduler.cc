@@ -120,7 +120,8 @@ void Scheduler::AdmitQueued() {
     a.spec = spec;
     a.workers = *workers;
     a.phase = Phase::kProfiling;
-    a.deadline = clock_->Now() + options_.profile_timeout;
+    a.admitted = clock_->Now();
+    a.deadline = a.admitted + options_.profile_timeout;
     jobs_->SetWorkers(id, a.workers).IgnoreError();
     absl::Status s = jobs_->Transition(
         id, apapo::v1::JOB_STATE_PROFILING,
@@ -568,6 +569,24 @@ void Scheduler::OnCancelled(const apapo::v1::Job& job) {
 
 void Scheduler::CheckDeadlines() {
   absl::Time now = clock_->Now();
+  // Jobs past their own time limit, in any phase.
+  std::vector<std::pair<std::string, std::string>> overdue;
+  for (const auto& [id, a] : active_) {
+    const auto& limit = a.spec.limits().max_duration();
+    const absl::Duration max =
+        absl::Seconds(limit.seconds()) + absl::Nanoseconds(limit.nanos());
+    if (max > absl::ZeroDuration() && now - a.admitted > max) {
+      overdue.emplace_back(
+          id, absl::StrCat("ran past spec.limits.max_duration (",
+                           absl::FormatDuration(max), "): stopped after ",
+                           absl::FormatDuration(absl::Trunc(
+                               now - a.admitted, absl::Milliseconds(100)))));
+    }
+  }
+  for (const auto& [id, message] : overdue) {
+    Finish(id, apapo::v1::JOB_STATE_FAILED, message,
+           absl::StatusCode::kDeadlineExceeded, true);
+  }
   std::vector<std::string> late;
   for (const auto& [id, a] : active_) {
     // A plan being computed is not timed: it is checked when it comes back.

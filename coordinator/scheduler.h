@@ -13,8 +13,9 @@
 //   RUNNING    once every rank acknowledged its assignment, all are started;
 //              metrics reports become the job's progress
 //   SUCCEEDED  every stage reported a normal outcome
-//   FAILED     a stage failed, a command was refused, a worker was lost or a
-//              phase passed its deadline: the others are stopped and every
+//   FAILED     a stage failed, a command was refused, a worker was lost, a
+//              phase passed its deadline or the job ran past its
+//              limits.max_duration: the others are stopped and every
 //              worker is released, never left hung
 //   CANCELLED  (JobManager::Cancel) the stages are stopped, workers released
 //
@@ -117,7 +118,8 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::JobSpec spec;
     Phase phase = Phase::kProfiling;
     std::vector<std::string> workers;  // reserved, in registry order
-    absl::Time deadline;
+    absl::Time deadline;               // of the profiling or assignment phase
+    absl::Time admitted;               // left the queue (limits.max_duration)
     // The ProfileCommand every worker gets (rendezvous.rank set per worker).
     apapo::v1::ProfileCommand profile;
     int64_t profile_host_command = -1;  // rank 0's ProfileCommand id

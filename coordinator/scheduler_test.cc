@@ -105,7 +105,7 @@ class SchedulerTest : public ::testing::Test {
     return sessions_[worker]->TakeCommand().has_value();
   }
 
-  std::string Submit(int workers) {
+  std::string Submit(int workers, absl::Duration max_duration = absl::ZeroDuration()) {
     apapo::v1::JobSpec spec;
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
         R"pb(name: "s" model { builtin { name: "mlp" } }
@@ -114,6 +114,10 @@ class SchedulerTest : public ::testing::Test {
              limits { epochs: 1 })pb",
         &spec));
     spec.mutable_resources()->set_workers(workers);
+    if (max_duration > absl::ZeroDuration()) {
+      spec.mutable_limits()->mutable_max_duration()->set_seconds(
+          absl::ToInt64Seconds(max_duration));
+    }
     auto job = jobs_.Submit(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     return job->id();
@@ -159,10 +163,10 @@ class SchedulerTest : public ::testing::Test {
   }
 
   // Drives a job on w-1, w-2 to RUNNING.
-  std::string StartRunningJob() {
+  std::string StartRunningJob(absl::Duration max_duration = absl::ZeroDuration()) {
     AddWorker("w-1");
     AddWorker("w-2");
-    std::string id = Submit(2);
+    std::string id = Submit(2, max_duration);
     scheduler_.RunOnce();
     EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
     StartProfiling();
@@ -307,6 +311,24 @@ TEST_F(SchedulerTest, CancelStopsStagesAndFreesWorkers) {
   done.mutable_outcome()->set_job_id(id);
   scheduler_.OnWorkerMessage("w-1", done);
   EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(SchedulerTest, AJobPastItsMaxDurationIsStoppedAndFailed) {
+  std::string id = StartRunningJob(absl::Seconds(60));
+  clock_.Advance(absl::Seconds(59));
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(2));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(job->error(),
+            "ran past spec.limits.max_duration (1m): stopped after 1m1s");
+  // Every stage is told to stop, and the workers are free again.
+  EXPECT_TRUE(Next("w-1").has_stop());
+  EXPECT_TRUE(Next("w-2").has_stop());
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
 }
 
 TEST_F(SchedulerTest, ProfilingDeadlineFailsNamingTheSilentWorker) {

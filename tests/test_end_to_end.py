@@ -119,6 +119,20 @@ class EndToEndTest(unittest.TestCase):
         job = c.watch_until(second, lambda m: m.job.state in ENDED, timeout=600)
         self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
 
+    def test_job_past_its_max_duration_is_stopped_and_fails_saying_why(self):
+        c = self.cluster
+        long_job = spec(steps=1_000_000)
+        long_job.limits.max_duration.seconds = 20
+        job_id = c.submit(long_job)
+        job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=180)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+        self.assertEqual(job.error_code, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        self.assertRegex(job.error, r"ran past spec\.limits\.max_duration \(20s\): "
+                                    r"stopped after 2\d(\.\d)?s")
+        # Its stages were stopped: both workers are free for the next job.
+        states = c.worker_states()
+        self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
+
     def test_worker_killed_mid_run_fails_job_naming_it(self):
         c = self.cluster
         job_id = c.submit(spec(steps=1_000_000))
