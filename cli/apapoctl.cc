@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/spec_file.h"
@@ -277,8 +278,14 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
 
 Apapoctl::Apapoctl(apapo::v1::JobService::StubInterface* jobs,
                    apapo::v1::WorkerService::StubInterface* workers,
-                   std::ostream& out, std::ostream& err, absl::Duration timeout)
-    : jobs_(jobs), workers_(workers), out_(out), err_(err), timeout_(timeout) {}
+                   std::ostream& out, std::ostream& err, absl::Duration timeout,
+                   absl::Duration reconnect_for)
+    : jobs_(jobs),
+      workers_(workers),
+      out_(out),
+      err_(err),
+      timeout_(timeout),
+      reconnect_for_(reconnect_for) {}
 
 int Apapoctl::Fail(const std::string& what, const absl::Status& status) {
   std::string code = absl::StatusCodeToString(status.code());
@@ -376,31 +383,66 @@ int Apapoctl::Get(const std::string& id) {
 int Apapoctl::Watch(const std::string& id, bool interactive) {
   apapo::v1::WatchJobRequest request;
   request.set_job_id(id);
-  grpc::ClientContext context;  // no deadline: a watch lasts the job
-  auto reader = jobs_->WatchJob(&context, request);
-  apapo::v1::WatchJobResponse message;
   Job last;
   std::string last_line;
-  while (reader->Read(&message)) {
-    last = message.job();
-    if (message.has_event()) {
-      if (interactive) out_ << "\r\033[K";
-      out_ << FormatTime(message.event().time()) << " " << id << " "
-           << StateName(message.event().state()) << ": "
-           << message.event().message() << "\n";
+  // Once connected, a coordinator that becomes unavailable (restarting, a
+  // network cut) is reconnected to with backoff, and the watch resumes after
+  // the last event printed. Unreachable from the start: fail at once.
+  constexpr absl::Duration kFirstRetry = absl::Milliseconds(200);
+  absl::Duration retry = kFirstRetry;
+  absl::Time unavailable_since = absl::InfiniteFuture();
+  bool connected = false;
+  grpc::Status status;
+  while (true) {
+    grpc::ClientContext context;  // no deadline: a watch lasts the job
+    auto reader = jobs_->WatchJob(&context, request);
+    apapo::v1::WatchJobResponse message;
+    while (reader->Read(&message)) {
+      connected = true;
+      retry = kFirstRetry;
+      if (unavailable_since != absl::InfiniteFuture()) {
+        err_ << "apapoctl: watch " << id << ": reconnected\n" << std::flush;
+        unavailable_since = absl::InfiniteFuture();
+      }
+      last = message.job();
+      if (message.has_event()) {
+        request.set_after_sequence(message.event().sequence());
+        if (interactive) out_ << "\r\033[K";
+        out_ << FormatTime(message.event().time()) << " " << id << " "
+             << StateName(message.event().state()) << ": "
+             << message.event().message() << "\n";
+        last_line.clear();
+      }
+      std::string line = FormatProgress(last);
+      if (line != last_line &&
+          (interactive || last.state() == apapo::v1::JOB_STATE_RUNNING)) {
+        // A live bar on a terminal; one line per change in a log.
+        out_ << (interactive ? "\r\033[K" : "") << line
+             << (interactive ? "" : "\n") << std::flush;
+        last_line = line;
+      }
+    }
+    status = reader->Finish();
+    // UNAVAILABLE: the connection broke; CANCELLED: the server cancelled the
+    // call as it shut down (this client never cancels its watch).
+    const bool went_away = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::CANCELLED;
+    if (!connected || !went_away) break;
+    const absl::Time now = absl::Now();
+    if (unavailable_since == absl::InfiniteFuture()) {
+      unavailable_since = now;
+      if (interactive) out_ << "\n";
       last_line.clear();
+      err_ << "apapoctl: watch " << id << ": coordinator unavailable ("
+           << status.error_message() << "); reconnecting for up to "
+           << absl::FormatDuration(reconnect_for_) << "\n"
+           << std::flush;
     }
-    std::string line = FormatProgress(last);
-    if (line != last_line &&
-        (interactive || last.state() == apapo::v1::JOB_STATE_RUNNING)) {
-      // A live bar on a terminal; one line per change in a log.
-      out_ << (interactive ? "\r\033[K" : "") << line
-           << (interactive ? "" : "\n") << std::flush;
-      last_line = line;
-    }
+    if (now - unavailable_since >= reconnect_for_) break;
+    absl::SleepFor(retry);  // the client's retry backoff
+    retry = std::min(retry * 2, absl::Seconds(5));
   }
   if (interactive) out_ << "\n";
-  grpc::Status status = reader->Finish();
   if (!status.ok()) return Fail("watch " + id, FromGrpcStatus(status));
   out_ << id << " " << StateName(last.state());
   if (last.progress().has_test_accuracy()) {

@@ -57,10 +57,13 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& plan);
 
 class Apapoctl {
  public:
-  // Stubs must outlive the object. Every unary call gets `timeout`.
+  // Stubs must outlive the object. Every unary call gets `timeout`. A watch
+  // whose coordinator becomes unavailable reconnects (resuming after the
+  // last event it printed) for up to `reconnect_for` before it gives up.
   Apapoctl(apapo::v1::JobService::StubInterface* jobs,
            apapo::v1::WorkerService::StubInterface* workers, std::ostream& out,
-           std::ostream& err, absl::Duration timeout);
+           std::ostream& err, absl::Duration timeout,
+           absl::Duration reconnect_for = absl::Minutes(5));
 
   // Runs `args` (command and its operands); returns the exit code.
   int Run(const std::vector<std::string>& args,
@@ -84,6 +87,7 @@ class Apapoctl {
   std::ostream& out_;
   std::ostream& err_;
   const absl::Duration timeout_;
+  const absl::Duration reconnect_for_;
 };
 
 }  // namespace apapo::cli

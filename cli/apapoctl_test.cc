@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "coordinator/server.h"
 #include "coordinator/worker_service.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -41,6 +43,41 @@ constexpr char kSpec[] = R"pb(
   resources { workers: 1 }
   limits { epochs: 1 }
 )pb";
+
+// An output stream buffer safe to write from one thread and read from
+// another, which a test can wait on.
+class LockedBuf : public std::streambuf {
+ public:
+  bool WaitFor(const std::string& text, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return text_.find(text) != std::string::npos;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&has), timeout);
+  }
+  std::string text() {
+    absl::MutexLock lock(&mu_);
+    return text_;
+  }
+
+ protected:
+  int overflow(int c) override {
+    if (c != EOF) {
+      absl::MutexLock lock(&mu_);
+      text_.push_back(static_cast<char>(c));
+    }
+    return c;
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    absl::MutexLock lock(&mu_);
+    text_.append(s, n);
+    return n;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string text_ ABSL_GUARDED_BY(mu_);
+};
 
 class ApapoctlTest : public ::testing::Test {
  protected:
@@ -153,6 +190,39 @@ TEST_F(ApapoctlTest, SyntaxErrorNotFoundAndUsage) {
   EXPECT_EQ(Run({"frobnicate"}), kExitUsage);
   EXPECT_EQ(Run({"get"}), kExitUsage);
   EXPECT_EQ(Run({}), kExitUsage);
+}
+
+TEST_F(ApapoctlTest, WatchReconnectsWhenTheCoordinatorRestarts) {
+  std::string file = WriteFile("watched.textproto", kSpec);
+  ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
+  LockedBuf out, err;
+  std::ostream out_stream(&out), err_stream(&err);
+  int code = -1;
+  std::thread watcher([&] {
+    Apapoctl ctl(job_stub_.get(), worker_stub_.get(), out_stream, err_stream,
+                 absl::Seconds(10), /*reconnect_for=*/absl::Seconds(60));
+    code = ctl.Run({"watch", "job-000001"}, {}, false, false);
+  });
+  ASSERT_TRUE(out.WaitFor("job-000001 queued: submitted", absl::Seconds(30)));
+  // The coordinator goes away mid-watch and comes back on the same port
+  // (same job state); the job ends while the watch is reconnecting.
+  server_.Shutdown();
+  ASSERT_TRUE(err.WaitFor("coordinator unavailable", absl::Seconds(30))) << err.text();
+  ASSERT_TRUE(jobs_.Cancel("job-000001", "while away").ok());
+  coordinator::JobServiceImpl service(&jobs_, absl::Milliseconds(20));
+  coordinator::CoordinatorServer restarted({&service});
+  ASSERT_TRUE(restarted.Start(address_).ok());
+  watcher.join();
+  restarted.Shutdown();
+  EXPECT_EQ(code, kExitJobFailed) << err.text();
+  EXPECT_THAT(err.text(), HasSubstr("reconnecting for up to 1m"));
+  EXPECT_THAT(err.text(), HasSubstr("job-000001: reconnected"));
+  // Each event once: the watch resumed after the last one it printed.
+  const std::string text = out.text();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3)
+      << text;  // submitted, cancelled, the final line
+  EXPECT_THAT(text, HasSubstr("cancelled: while away"));
+  EXPECT_THAT(text, EndsWith("job-000001 cancelled\n"));
 }
 
 TEST_F(ApapoctlTest, UnreachableCoordinatorIsUnavailable) {
