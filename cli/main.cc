@@ -58,10 +58,11 @@ int main(int argc, char** argv) {
 
   // A watch outlives coordinator restarts: have the channel retry its
   // connection every few seconds at most, not after gRPC's 2-minute cap.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
-                                           grpc::InsecureChannelCredentials(), args);
+                                           grpc::InsecureChannelCredentials(),
+                                           channel_args);
   auto jobs = apapo::v1::JobService::NewStub(channel);
   auto workers = apapo::v1::WorkerService::NewStub(channel);
   apapo::cli::Apapoctl ctl(jobs.get(), workers.get(), std::cout, std::cerr,
