@@ -80,12 +80,23 @@ std::string FormatRate(double bytes_per_second) {
 std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   constexpr int kShownLinks = 8;
   std::string out;
-  for (const auto& level : cluster.levels()) {
+  if (cluster.levels_size() == 1) {
+    const auto& level = cluster.levels(0);
     absl::StrAppend(&out, absl::StrFormat(
         "network: %d worker(s) at %s%s\n", level.group_size(),
         FormatRate(level.bandwidth_bytes_per_second()),
         cluster.links().empty() ? " (assumed: no links measured)"
                                 : " (slowest measured link)"));
+  }
+  // Levels the coordinator found in the measured links, innermost first.
+  for (int i = 0; i < cluster.levels_size() && cluster.levels_size() > 1; ++i) {
+    const auto& level = cluster.levels(i);
+    absl::StrAppend(&out, absl::StrFormat(
+        "network level %d: %d %s at %s (slowest link %s), latency %.1f us\n",
+        i + 1, level.group_size(), i == 0 ? "worker(s) per group" : "group(s)",
+        FormatRate(level.bandwidth_bytes_per_second()),
+        i == 0 ? "inside a group" : "between groups",
+        level.latency_seconds() * 1e6));
   }
   std::vector<apapo::v1::LinkMeasurement> links(cluster.links().begin(),
                                                 cluster.links().end());

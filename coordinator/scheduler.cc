@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "planning/network_levels.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace apapo::coordinator {
@@ -196,13 +197,19 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
   request.attempt = a.plan_attempt;
   request.workers = a.workers;
   request.spec = a.spec;
-  // Cluster: reserved workers in order, speed relative to the first.
+  // Cluster: reserved workers grouped by the network levels their measured
+  // links show (planning/network_levels.h), speed relative to the first.
   request.profile = a.profiles[a.workers[0]].profile();
   double reference = TotalCompute(request.profile);
   apapo::v1::ClusterSpec& cluster = request.cluster;
-  double bandwidth = 0;  // the slowest measured link
-  double latency = 0;    // the largest measured latency
+  std::vector<apapo::v1::LinkMeasurement> links;
   for (const std::string& w : a.workers) {
+    for (const auto& link : a.profiles[w].links()) links.push_back(link);
+  }
+  const planning::NetworkLevels levels =
+      planning::InferNetworkLevels(a.workers, links);
+  for (int index : levels.order) {
+    const std::string& w = a.workers[index];
     const apapo::v1::ProfileResult& r = a.profiles[w];
     apapo::v1::WorkerResources* res = cluster.add_workers();
     *res = r.resources();
@@ -214,27 +221,19 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
     if (a.spec.resources().memory_per_worker_bytes() > 0) {
       res->set_memory_bytes(a.spec.resources().memory_per_worker_bytes());
     }
-    for (const auto& link : r.links()) {
-      *cluster.add_links() = link;
-      double bw = link.bandwidth_bytes_per_second();
-      if (bw > 0) bandwidth = bandwidth == 0 ? bw : std::min(bandwidth, bw);
-      latency = std::max(latency, link.latency_seconds());
-    }
   }
-  // One flat level: every pair of workers is charged the slowest link.
-  apapo::v1::NetworkLevel* level = cluster.add_levels();
-  level->set_group_size(static_cast<int>(a.workers.size()));
-  level->set_bandwidth_bytes_per_second(bandwidth > 0 ? bandwidth
-                                                      : kAssumedBandwidth);
-  level->set_latency_seconds(latency);
-  if (bandwidth > 0) {
-    jobs_->RecordEvent(
-             a.id, absl::StrFormat("links measured: %d, slowest %.3g GB/s, "
-                                   "latency up to %.3g ms",
-                                   cluster.links_size(), bandwidth / 1e9,
-                                   latency * 1e3))
-        .IgnoreError();
+  for (const auto& link : links) *cluster.add_links() = link;
+  if (levels.levels.empty()) {  // nothing measured (one worker)
+    apapo::v1::NetworkLevel* level = cluster.add_levels();
+    level->set_group_size(static_cast<int>(a.workers.size()));
+    level->set_bandwidth_bytes_per_second(kAssumedBandwidth);
+    return request;
   }
+  for (const auto& level : levels.levels) *cluster.add_levels() = level;
+  jobs_->RecordEvent(a.id, absl::StrFormat("links measured: %d; network %s",
+                                           cluster.links_size(),
+                                           levels.description))
+      .IgnoreError();
   return request;
 }
 

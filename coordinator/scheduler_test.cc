@@ -415,13 +415,47 @@ TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {
   auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
   ASSERT_TRUE(change.ok()) << change.status();
   for (const auto& e : change->events) {
-    noted |= absl::StrContains(e.message(), "links measured: 2, slowest 0.25 GB/s");
+    noted |= absl::StrContains(
+        e.message(), "links measured: 2; network one level: slowest link 0.25 GB/s");
   }
   EXPECT_TRUE(noted);
   // The stages' own rendezvous is a new one (port 0 again, its own prefix).
   CoordinatorMessage a0 = Next("w-1");
   EXPECT_EQ(a0.assign().rendezvous().store_port(), 0);
   EXPECT_EQ(a0.assign().rendezvous().prefix(), id);
+}
+
+TEST_F(SchedulerTest, LinksFastWithinHostsAndSlowBetweenMakeTwoLevels) {
+  // w-1 and w-3 share a host, as do w-2 and w-4.
+  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) AddWorker(w);
+  std::string id = Submit(4);
+  scheduler_.RunOnce();
+  CoordinatorMessage host = Next("w-1");
+  Ack("w-1", host.command_id(), 6000);
+  for (const char* w : {"w-2", "w-3", "w-4"}) EXPECT_TRUE(Next(w).has_profile());
+  auto links_of = [](const std::string& me) {
+    std::vector<apapo::v1::LinkMeasurement> links;
+    for (const char* other : {"w-1", "w-2", "w-3", "w-4"}) {
+      if (me == other) continue;
+      const bool same_host = (me.back() - '0') % 2 == (other[2] - '0') % 2;
+      links.push_back(Link(me, other, same_host ? 1.2e9 : 1.18e8,
+                           same_host ? 2e-5 : 2e-4));
+    }
+    return links;
+  };
+  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) Profile(w, id, 1.0, links_of(w));
+  scheduler_.RunOnce();
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  const apapo::v1::ClusterSpec& seen = planner_.seen_cluster;
+  ASSERT_EQ(seen.levels_size(), 2);
+  EXPECT_EQ(seen.levels(0).group_size(), 2);
+  EXPECT_DOUBLE_EQ(seen.levels(0).bandwidth_bytes_per_second(), 1.2e9);
+  EXPECT_EQ(seen.levels(1).group_size(), 2);
+  EXPECT_DOUBLE_EQ(seen.levels(1).bandwidth_bytes_per_second(), 1.18e8);
+  // Workers in plan order: each host's two workers side by side.
+  std::vector<std::string> order;
+  for (const auto& w : seen.workers()) order.push_back(w.worker_id());
+  EXPECT_THAT(order, ::testing::ElementsAre("w-1", "w-3", "w-2", "w-4"));
 }
 
 TEST_F(SchedulerTest, SingleWorkerJobSkipsTheLinkTest) {

@@ -76,22 +76,29 @@ class ClusterLabTest(unittest.TestCase):
         self.addCleanup(p.stop)
         return p, p.wait_for_line(ready, timeout=120)
 
-    def test_a_job_across_two_hosts_trains_over_the_shaped_link(self):
+    def start_cluster(self, workers_per_host):
+        """The coordinator on host 1, `workers_per_host` workers on each of
+        hosts 1 and 2 (w-1, w-2 on hosts 1, 2; w-3, w-4 likewise). Returns
+        apapoctl's argv and a spec file for a job on all of them."""
         state = os.path.join(t.temp_dir("lab-"), "state.db")
         _, m = self.start(1, [t.binary("coordinator", "apapo-coordinator"),
                               "--host=198.18.0.1", "--port=0", "--metrics_port=-1",
                               f"--state={state}"], r"listening on port (\d+)")
         coordinator = f"198.18.0.1:{m.group(1)}"
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        for host in (1, 2):
+        for i in range(1, 2 * workers_per_host + 1):
+            host = 1 if i % 2 else 2
             self.start(host, [t.binary("worker", "apapo-worker"),
-                              f"--coordinator={coordinator}", f"--id=w-{host}",
+                              f"--coordinator={coordinator}", f"--id=w-{i}",
                               f"--host=198.18.0.{host}", "--threads=1"],
-                       rf"registered as w-{host}", env=env)
+                       rf"registered as w-{i}", env=env)
         spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
         with open(spec, "w") as f:
-            f.write(JOB)
-        ctl = [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}"]
+            f.write(JOB.replace("workers: 2", f"workers: {2 * workers_per_host}"))
+        return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}"], spec
+
+    def test_a_job_across_two_hosts_trains_over_the_shaped_link(self):
+        ctl, spec = self.start_cluster(workers_per_host=1)
         r = subprocess.run(self.on(1, ctl + ["workers"]), capture_output=True,
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -116,6 +123,27 @@ class ClusterLabTest(unittest.TestCase):
             mb_per_s = float(value) * (1000 if unit == "GB" else 1)
             self.assertGreater(mb_per_s, 40, r.stdout)
             self.assertLess(mb_per_s, 130, r.stdout)
+
+    def test_two_workers_per_host_give_the_planner_two_network_levels(self):
+        ctl, spec = self.start_cluster(workers_per_host=2)
+        r = subprocess.run(self.on(1, ctl + ["submit", spec, "--watch"]),
+                           capture_output=True, text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("job-000001 succeeded", r.stdout)
+        # Workers on one host reach each other unshaped; between the hosts
+        # the link is 1 Gbit/s (125 MB/s, less when pairs measure at once):
+        # two levels, the slow one between the hosts.
+        m = re.search(r"network 2 groups of 2: ([\d.]+) GB/s inside, "
+                      r"([\d.]+) GB/s between", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        inside, between = float(m.group(1)), float(m.group(2))
+        self.assertLess(between, 0.13, r.stdout)
+        self.assertGreater(inside, 2 * between, r.stdout)
+        r = subprocess.run(self.on(1, ctl + ["plan", "job-000001"]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
+        self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
 
 if __name__ == "__main__":

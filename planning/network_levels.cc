@@ -1,0 +1,142 @@
+#include "planning/network_levels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+
+namespace apapo::planning {
+namespace {
+
+struct Pair {
+  int a = 0, b = 0;
+  double bandwidth = 0;
+  double latency = 0;
+};
+
+int Find(std::vector<int>& parent, int x) {
+  while (parent[x] != x) x = parent[x] = parent[parent[x]];
+  return x;
+}
+
+std::string Rate(double bytes_per_second) {
+  return absl::StrFormat("%.2f GB/s", bytes_per_second / 1e9);
+}
+
+NetworkLevels Flat(int n, const std::vector<Pair>& pairs) {
+  NetworkLevels out;
+  out.order.resize(n);
+  std::iota(out.order.begin(), out.order.end(), 0);
+  if (pairs.empty()) {
+    out.description = "one level: no link measured";
+    return out;
+  }
+  apapo::v1::NetworkLevel level;
+  level.set_group_size(n);
+  double slowest = pairs[0].bandwidth, latency = 0;
+  for (const Pair& p : pairs) {
+    slowest = std::min(slowest, p.bandwidth);
+    latency = std::max(latency, p.latency);
+  }
+  level.set_bandwidth_bytes_per_second(slowest);
+  level.set_latency_seconds(latency);
+  out.levels.push_back(level);
+  out.description = "one level: slowest link " + Rate(slowest);
+  return out;
+}
+
+}  // namespace
+
+NetworkLevels InferNetworkLevels(
+    const std::vector<std::string>& workers,
+    const std::vector<apapo::v1::LinkMeasurement>& links) {
+  const int n = static_cast<int>(workers.size());
+  std::map<std::string, int> index;
+  for (int i = 0; i < n; ++i) index[workers[i]] = i;
+  // One entry per unordered pair, at its slower direction.
+  std::map<std::pair<int, int>, Pair> by_pair;
+  for (const auto& l : links) {
+    auto a = index.find(l.from_worker()), b = index.find(l.to_worker());
+    if (a == index.end() || b == index.end() || a->second == b->second ||
+        !(l.bandwidth_bytes_per_second() > 0)) {
+      continue;
+    }
+    const auto key = std::minmax(a->second, b->second);
+    auto [it, inserted] = by_pair.try_emplace(key);
+    Pair& p = it->second;
+    if (inserted || l.bandwidth_bytes_per_second() < p.bandwidth) {
+      p.a = key.first;
+      p.b = key.second;
+      p.bandwidth = l.bandwidth_bytes_per_second();
+    }
+    p.latency = std::max(p.latency, l.latency_seconds());
+  }
+  std::vector<Pair> pairs;
+  for (const auto& [key, p] : by_pair) pairs.push_back(p);
+  if (n <= 2 || pairs.size() < 2) return Flat(n, pairs);
+
+  // The largest ratio between neighbouring measured bandwidths.
+  std::vector<double> sorted;
+  for (const Pair& p : pairs) sorted.push_back(p.bandwidth);
+  std::sort(sorted.begin(), sorted.end());
+  double gap = 1, threshold = 0;
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i] / sorted[i - 1] > gap) {
+      gap = sorted[i] / sorted[i - 1];
+      threshold = std::sqrt(sorted[i] * sorted[i - 1]);
+    }
+  }
+  if (gap < kLevelGap) return Flat(n, pairs);
+
+  // Groups: workers joined by links above the gap.
+  std::vector<int> parent(n);
+  std::iota(parent.begin(), parent.end(), 0);
+  for (const Pair& p : pairs) {
+    if (p.bandwidth >= threshold) parent[Find(parent, p.a)] = Find(parent, p.b);
+  }
+  std::map<int, std::vector<int>> groups;  // root -> members, in index order
+  for (int i = 0; i < n; ++i) groups[Find(parent, i)].push_back(i);
+  const size_t g = groups.begin()->second.size();
+  for (const auto& [root, members] : groups) {
+    if (members.size() != g) return Flat(n, pairs);
+  }
+  if (g <= 1 || static_cast<int>(g) >= n) return Flat(n, pairs);
+
+  std::vector<int> group_of(n);
+  NetworkLevels out;
+  // Groups in the order of their first worker; members in worker order.
+  std::vector<std::vector<int>> ordered;
+  for (const auto& [root, members] : groups) ordered.push_back(members);
+  std::sort(ordered.begin(), ordered.end());
+  for (size_t k = 0; k < ordered.size(); ++k) {
+    for (int w : ordered[k]) {
+      group_of[w] = static_cast<int>(k);
+      out.order.push_back(w);
+    }
+  }
+  double inside = 0, between = 0, inside_latency = 0, between_latency = 0;
+  for (const Pair& p : pairs) {
+    const bool same = group_of[p.a] == group_of[p.b];
+    double& bw = same ? inside : between;
+    bw = bw == 0 ? p.bandwidth : std::min(bw, p.bandwidth);
+    double& lat = same ? inside_latency : between_latency;
+    lat = std::max(lat, p.latency);
+  }
+  if (inside == 0 || between == 0) return Flat(n, pairs);  // a side unmeasured
+  apapo::v1::NetworkLevel inner, outer;
+  inner.set_group_size(static_cast<int>(g));
+  inner.set_bandwidth_bytes_per_second(inside);
+  inner.set_latency_seconds(inside_latency);
+  outer.set_group_size(n / static_cast<int>(g));
+  outer.set_bandwidth_bytes_per_second(between);
+  outer.set_latency_seconds(between_latency);
+  out.levels = {inner, outer};
+  out.description = absl::StrFormat("%d groups of %d: %s inside, %s between",
+                                    n / static_cast<int>(g), g, Rate(inside),
+                                    Rate(between));
+  return out;
+}
+
+}  // namespace apapo::planning

@@ -1,0 +1,53 @@
+// NetworkLevels: the network hierarchy the planner is given, inferred from
+// the links the workers measured while profiling.
+//
+// Workers joined by links much faster than the rest (e.g. processes on one
+// host, or hosts in one rack) form groups; the planner's DP then charges a
+// transfer inside a group the group's bandwidth and one between groups the
+// bandwidth between them, instead of the slowest link for everything.
+//
+// The rule: sort the measured bandwidths and find the largest ratio between
+// neighbours. If it is at least kLevelGap, links at or above the gap join
+// workers into groups (connected components). When the groups all have the
+// same size g, 1 < g < n, there are two levels: groups of g at the slowest
+// bandwidth inside a group, and n / g groups at the slowest bandwidth
+// between groups. Otherwise (no gap, uneven groups, at most two workers)
+// there is one flat level at the slowest link, as before. Only two levels
+// are inferred; deeper hierarchies are flattened into those two.
+//
+// Thread-safety: a pure function.
+#ifndef APAPO_PLANNING_NETWORK_LEVELS_H_
+#define APAPO_PLANNING_NETWORK_LEVELS_H_
+
+#include <string>
+#include <vector>
+
+#include "proto/apapo/v1/profile.pb.h"
+
+namespace apapo::planning {
+
+// Links within a level must be at least this many times faster than the
+// links between its groups to count as a level of their own.
+inline constexpr double kLevelGap = 2.0;
+
+struct NetworkLevels {
+  // Indices into the worker list, each innermost group contiguous (the
+  // order the planner numbers workers in).
+  std::vector<int> order;
+  // Innermost first; the product of the group sizes is the worker count.
+  // Empty when no link was measured (the caller assumes a bandwidth).
+  std::vector<apapo::v1::NetworkLevel> levels;
+  // One line for people: "2 groups of 2: 1.20 GB/s inside, 0.12 GB/s
+  // between" or "one level: slowest link 0.12 GB/s".
+  std::string description;
+};
+
+// `workers` are the worker ids; links naming other ids are ignored. A pair
+// measured both ways counts at its slower direction.
+NetworkLevels InferNetworkLevels(
+    const std::vector<std::string>& workers,
+    const std::vector<apapo::v1::LinkMeasurement>& links);
+
+}  // namespace apapo::planning
+
+#endif  // APAPO_PLANNING_NETWORK_LEVELS_H_

@@ -1,0 +1,100 @@
+#include "planning/network_levels.h"
+
+#include <functional>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace apapo::planning {
+namespace {
+
+using ::testing::ElementsAre;
+
+apapo::v1::LinkMeasurement Link(const std::string& a, const std::string& b,
+                                double gb_per_s, double latency_us = 50) {
+  apapo::v1::LinkMeasurement l;
+  l.set_from_worker(a);
+  l.set_to_worker(b);
+  l.set_bandwidth_bytes_per_second(gb_per_s * 1e9);
+  l.set_latency_seconds(latency_us * 1e-6);
+  return l;
+}
+
+// Every pair of `workers`, fast when `same(a, b)`, slow otherwise.
+std::vector<apapo::v1::LinkMeasurement> Mesh(
+    const std::vector<std::string>& workers,
+    const std::function<bool(int, int)>& same, double fast, double slow) {
+  std::vector<apapo::v1::LinkMeasurement> links;
+  for (size_t a = 0; a < workers.size(); ++a) {
+    for (size_t b = a + 1; b < workers.size(); ++b) {
+      links.push_back(Link(workers[a], workers[b], same(a, b) ? fast : slow,
+                           same(a, b) ? 20 : 200));
+    }
+  }
+  return links;
+}
+
+TEST(NetworkLevelsTest, TwoHostsOfTwoWorkersMakeTwoLevels) {
+  // w-1, w-3 on one host; w-2, w-4 on the other (registration interleaved).
+  std::vector<std::string> w = {"w-1", "w-2", "w-3", "w-4"};
+  auto levels = InferNetworkLevels(
+      w, Mesh(w, [](int a, int b) { return a % 2 == b % 2; }, 1.2, 0.118));
+  EXPECT_THAT(levels.order, ElementsAre(0, 2, 1, 3));
+  ASSERT_EQ(levels.levels.size(), 2u);
+  EXPECT_EQ(levels.levels[0].group_size(), 2);
+  EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 1.2e9);
+  EXPECT_DOUBLE_EQ(levels.levels[0].latency_seconds(), 20e-6);
+  EXPECT_EQ(levels.levels[1].group_size(), 2);
+  EXPECT_DOUBLE_EQ(levels.levels[1].bandwidth_bytes_per_second(), 0.118e9);
+  EXPECT_DOUBLE_EQ(levels.levels[1].latency_seconds(), 200e-6);
+  EXPECT_EQ(levels.description, "2 groups of 2: 1.20 GB/s inside, 0.12 GB/s between");
+}
+
+TEST(NetworkLevelsTest, NoGapMeansOneFlatLevelAtTheSlowestLink) {
+  std::vector<std::string> w = {"a", "b", "c"};
+  auto levels = InferNetworkLevels(
+      w, {Link("a", "b", 1.0), Link("b", "c", 0.8), Link("a", "c", 0.6)});
+  EXPECT_THAT(levels.order, ElementsAre(0, 1, 2));
+  ASSERT_EQ(levels.levels.size(), 1u);
+  EXPECT_EQ(levels.levels[0].group_size(), 3);
+  EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 0.6e9);
+  EXPECT_EQ(levels.description, "one level: slowest link 0.60 GB/s");
+}
+
+TEST(NetworkLevelsTest, UnevenGroupsStayFlat) {
+  // 3 workers on one host, 1 on another: the DP's levels need equal groups.
+  std::vector<std::string> w = {"a", "b", "c", "d"};
+  auto levels = InferNetworkLevels(
+      w, Mesh(w, [](int a, int b) { return a < 3 && b < 3; }, 2.0, 0.1));
+  ASSERT_EQ(levels.levels.size(), 1u);
+  EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 0.1e9);
+}
+
+TEST(NetworkLevelsTest, ASlowDirectionCountsAndStrangersAreIgnored) {
+  std::vector<std::string> w = {"a", "b"};
+  auto levels = InferNetworkLevels(
+      w, {Link("a", "b", 1.0), Link("b", "a", 0.25), Link("a", "zz", 0.001),
+          Link("a", "a", 0.001)});
+  ASSERT_EQ(levels.levels.size(), 1u);
+  EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 0.25e9);
+}
+
+TEST(NetworkLevelsTest, NothingMeasuredLeavesTheBandwidthToTheCaller) {
+  auto levels = InferNetworkLevels({"solo"}, {});
+  EXPECT_THAT(levels.order, ElementsAre(0));
+  EXPECT_TRUE(levels.levels.empty());
+}
+
+TEST(NetworkLevelsTest, EightWorkersInFourRacks) {
+  std::vector<std::string> w;
+  for (int i = 0; i < 8; ++i) w.push_back("w" + std::to_string(i));
+  auto levels = InferNetworkLevels(
+      w, Mesh(w, [](int a, int b) { return a / 2 == b / 2; }, 1.1, 0.11));
+  ASSERT_EQ(levels.levels.size(), 2u);
+  EXPECT_EQ(levels.levels[0].group_size(), 2);
+  EXPECT_EQ(levels.levels[1].group_size(), 4);
+  EXPECT_THAT(levels.order, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+}  // namespace
+}  // namespace apapo::planning
