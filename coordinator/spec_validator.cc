@@ -19,6 +19,23 @@ using apapo::v1::JobSpec;
 using apapo::v1::LayerKind;
 
 constexpr size_t kMaxNameLength = 128;
+// Upper bounds of numeric fields (see CheckRange).
+constexpr int64_t kMaxBatchSize = 1 << 20;
+constexpr int64_t kMaxWorkers = 10000;
+constexpr int64_t kMaxHyperParameter = 1 << 20;  // widths, layers, classes
+constexpr int64_t kMaxDimension = 1 << 20;       // one dimension of a sample
+constexpr int64_t kMaxCount = int64_t{1} << 40;  // steps, samples
+constexpr double kMaxBatchInputBytes = 64.0 * (1 << 30);
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", bytes, units[u]);
+}
 
 // Collects "<path>: <reason>" problems.
 class Problems {
@@ -47,9 +64,12 @@ bool ValidName(const std::string& name) {
   return true;
 }
 
-void CheckAtLeast(Problems& p, const std::string& path, int64_t value,
-                  int64_t min) {
+// `value` in [min, max]: upper bounds keep a spec from asking a worker for
+// what no worker holds (and LibTorch from failing deep inside).
+void CheckRange(Problems& p, const std::string& path, int64_t value,
+                int64_t min, int64_t max) {
   if (value < min) p.Add(path, "must be >= ", min, ", got ", value);
+  if (value > max) p.Add(path, "must be <= ", max, ", got ", value);
 }
 
 void CheckPositiveFinite(Problems& p, const std::string& path, double value) {
@@ -117,7 +137,7 @@ void ValidateBuiltin(Problems& p, const std::string& path,
     } else if (!value.has_i()) {
       p.Add(key_path, "must be an integer (i: ...)");
     } else {
-      CheckAtLeast(p, key_path, value.i(), 1);
+      CheckRange(p, key_path, value.i(), 1, kMaxHyperParameter);
     }
   }
 }
@@ -216,8 +236,8 @@ void ValidateModel(Problems& p, const apapo::v1::ModelSpec& model) {
         p.Add(path + ".torchscript.input_shape", "must not be empty");
       }
       for (int i = 0; i < model.torchscript().input_shape_size(); ++i) {
-        CheckAtLeast(p, absl::StrCat(path, ".torchscript.input_shape[", i, "]"),
-                     model.torchscript().input_shape(i), 1);
+        CheckRange(p, absl::StrCat(path, ".torchscript.input_shape[", i, "]"),
+                   model.torchscript().input_shape(i), 1, kMaxDimension);
       }
       break;
     case apapo::v1::ModelSpec::SOURCE_NOT_SET:
@@ -235,7 +255,7 @@ void ValidateData(Problems& p, const apapo::v1::DataSpec& data) {
       if (data.text().path().empty()) {
         p.Add(path + ".text.path", "must not be empty");
       }
-      CheckAtLeast(p, path + ".text.context", data.text().context(), 1);
+      CheckRange(p, path + ".text.context", data.text().context(), 1, 1 << 16);
       if (data.text().has_test_fraction()) {
         double f = data.text().test_fraction();
         if (!(f > 0 && f < 1)) {
@@ -249,20 +269,59 @@ void ValidateData(Problems& p, const apapo::v1::DataSpec& data) {
         p.Add(path + ".synthetic.sample_shape", "must not be empty");
       }
       for (int i = 0; i < s.sample_shape_size(); ++i) {
-        CheckAtLeast(p, absl::StrCat(path, ".synthetic.sample_shape[", i, "]"),
-                     s.sample_shape(i), 1);
+        CheckRange(p, absl::StrCat(path, ".synthetic.sample_shape[", i, "]"),
+                   s.sample_shape(i), 1, kMaxDimension);
       }
-      CheckAtLeast(p, path + ".synthetic.num_classes", s.num_classes(), 2);
-      CheckAtLeast(p, path + ".synthetic.samples_per_epoch",
-                   s.samples_per_epoch(), 1);
+      CheckRange(p, path + ".synthetic.num_classes", s.num_classes(), 2,
+                 kMaxHyperParameter);
+      CheckRange(p, path + ".synthetic.samples_per_epoch",
+                 s.samples_per_epoch(), 1, kMaxCount);
       break;
     }
     case apapo::v1::DataSpec::SOURCE_NOT_SET:
       p.Add(path, "one of fashion_mnist, text or synthetic must be set");
       break;
   }
-  CheckAtLeast(p, path + ".batch_size", data.batch_size(), 1);
-  CheckAtLeast(p, path + ".eval_batch_size", data.eval_batch_size(), 0);
+  CheckRange(p, path + ".batch_size", data.batch_size(), 1, kMaxBatchSize);
+  CheckRange(p, path + ".eval_batch_size", data.eval_batch_size(), 0,
+             kMaxBatchSize);
+}
+
+// Values one sample of the data source holds (0 when the source is invalid).
+double ValuesPerSample(const apapo::v1::DataSpec& data) {
+  switch (data.source_case()) {
+    case apapo::v1::DataSpec::kFashionMnist:
+      return 28 * 28;
+    case apapo::v1::DataSpec::kText:
+      return data.text().context();
+    case apapo::v1::DataSpec::kSynthetic: {
+      double n = 1;
+      for (int64_t d : data.synthetic().sample_shape()) n *= std::max<int64_t>(d, 0);
+      return n;
+    }
+    default:
+      return 0;
+  }
+}
+
+// A mini-batch's input alone (4-byte values) must fit a worker: the limit a
+// spec sets, else kMaxBatchInputBytes. Activations come on top, so this
+// refuses only what cannot possibly run, with the size it would need.
+void CheckBatchFits(Problems& p, const JobSpec& spec) {
+  const double bytes =
+      4.0 * std::max(0, spec.data().batch_size()) * ValuesPerSample(spec.data());
+  const int64_t memory = spec.resources().memory_per_worker_bytes();
+  const double limit =
+      memory > 0 ? std::min<double>(memory, kMaxBatchInputBytes) : kMaxBatchInputBytes;
+  if (bytes > limit) {
+    p.Add("spec.data.batch_size",
+          absl::StrFormat("a batch of %d samples of %.0f values is %s of input "
+                          "alone; at most %s fits %s",
+                          spec.data().batch_size(), ValuesPerSample(spec.data()),
+                          HumanBytes(bytes), HumanBytes(limit),
+                          memory > 0 ? "spec.resources.memory_per_worker_bytes"
+                                     : "a worker"));
+  }
 }
 
 void ValidateOptimizer(Problems& p, const apapo::v1::OptimizerSpec& opt) {
@@ -294,12 +353,13 @@ void ValidateOptimizer(Problems& p, const apapo::v1::OptimizerSpec& opt) {
   CheckNonNegativeFinite(p, path + ".weight_decay", opt.weight_decay());
   CheckNonNegativeFinite(p, path + ".grad_clip_norm", opt.grad_clip_norm());
   const auto& lr = opt.lr_schedule();
-  CheckAtLeast(p, path + ".lr_schedule.warmup_steps", lr.warmup_steps(), 0);
+  CheckRange(p, path + ".lr_schedule.warmup_steps", lr.warmup_steps(), 0,
+             kMaxCount);
   if (!apapo::v1::LearningRateSchedule::Decay_IsValid(lr.decay())) {
     p.Add(path + ".lr_schedule.decay", "unknown value ", lr.decay());
   }
   if (lr.decay() == apapo::v1::LearningRateSchedule::DECAY_STEP) {
-    CheckAtLeast(p, path + ".lr_schedule.step_size", lr.step_size(), 1);
+    CheckRange(p, path + ".lr_schedule.step_size", lr.step_size(), 1, kMaxCount);
     if (!(lr.gamma() > 0 && lr.gamma() <= 1)) {
       p.Add(path + ".lr_schedule.gamma", "must be in (0, 1], got ",
             lr.gamma());
@@ -314,7 +374,7 @@ void ValidateScheduleAndResources(Problems& p, const JobSpec& spec) {
     p.Add("spec.schedule.kind", "unknown value ", s.kind());
   }
   if (s.has_micro_batches()) {
-    CheckAtLeast(p, "spec.schedule.micro_batches", s.micro_batches(), 1);
+    CheckRange(p, "spec.schedule.micro_batches", s.micro_batches(), 1, 4096);
   }
   int m = EffectiveMicroBatches(spec);
   if (m >= 1 && spec.data().batch_size() >= 1 &&
@@ -323,20 +383,20 @@ void ValidateScheduleAndResources(Problems& p, const JobSpec& spec) {
           spec.data().batch_size(), "), got ", m);
   }
   if (s.has_max_staleness()) {
-    CheckAtLeast(p, "spec.schedule.max_staleness", s.max_staleness(), 0);
+    CheckRange(p, "spec.schedule.max_staleness", s.max_staleness(), 0, 1024);
   }
-  CheckAtLeast(p, "spec.schedule.stages", s.stages(), 0);
-  CheckAtLeast(p, "spec.schedule.replicas", s.replicas(), 0);
+  CheckRange(p, "spec.schedule.stages", s.stages(), 0, kMaxWorkers);
+  CheckRange(p, "spec.schedule.replicas", s.replicas(), 0, kMaxWorkers);
   if (s.kind() == apapo::v1::SCHEDULE_KIND_DATA_PARALLEL && s.stages() > 1) {
     p.Add("spec.schedule.stages",
           "data parallelism runs one stage, got ", s.stages());
   }
 
-  CheckAtLeast(p, "spec.resources.workers", r.workers(), 1);
-  CheckAtLeast(p, "spec.resources.threads_per_worker", r.threads_per_worker(),
-               0);
-  CheckAtLeast(p, "spec.resources.memory_per_worker_bytes",
-               r.memory_per_worker_bytes(), 0);
+  CheckRange(p, "spec.resources.workers", r.workers(), 1, kMaxWorkers);
+  CheckRange(p, "spec.resources.threads_per_worker", r.threads_per_worker(), 0,
+             1024);
+  CheckRange(p, "spec.resources.memory_per_worker_bytes",
+             r.memory_per_worker_bytes(), 0, int64_t{1} << 50);
   if (!r.device().empty() && r.device() != "cpu" && r.device() != "cuda") {
     p.Add("spec.resources.device", "must be \"cpu\" or \"cuda\", got \"",
           r.device(), "\"");
@@ -351,8 +411,8 @@ void ValidateScheduleAndResources(Problems& p, const JobSpec& spec) {
 }
 
 void ValidateLimits(Problems& p, const apapo::v1::Limits& limits) {
-  CheckAtLeast(p, "spec.limits.epochs", limits.epochs(), 0);
-  CheckAtLeast(p, "spec.limits.max_steps", limits.max_steps(), 0);
+  CheckRange(p, "spec.limits.epochs", limits.epochs(), 0, 1000000);
+  CheckRange(p, "spec.limits.max_steps", limits.max_steps(), 0, kMaxCount);
   if (limits.epochs() <= 0 && limits.max_steps() <= 0) {
     p.Add("spec.limits", "set epochs or max_steps (training must end)");
   }
@@ -394,12 +454,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   ValidateOptimizer(p, spec.optimizer());
   ValidateScheduleAndResources(p, spec);
   ValidateLimits(p, spec.limits());
-  CheckAtLeast(p, "spec.checkpoint.every_steps", spec.checkpoint().every_steps(),
-               0);
+  CheckRange(p, "spec.checkpoint.every_steps", spec.checkpoint().every_steps(),
+             0, kMaxCount);
   if (spec.checkpoint().resume() && spec.checkpoint().directory().empty()) {
     p.Add("spec.checkpoint.resume", "needs spec.checkpoint.directory");
   }
-  CheckAtLeast(p, "spec.eval_every_epochs", spec.eval_every_epochs(), 0);
+  CheckRange(p, "spec.eval_every_epochs", spec.eval_every_epochs(), 0, 1000000);
+  CheckBatchFits(p, spec);
   return p.ToStatus();
 }
 

@@ -193,5 +193,48 @@ TEST(SpecValidatorTest, ASpecTooLargeForEveryReplyIsRefusedWithItsSize) {
               HasSubstr("spec: 2.0 MiB serialized, at most 1 MiB"));
 }
 
+TEST(SpecValidatorTest, ABatchNoWorkerCanHoldIsRefusedWithTheSizeItNeeds) {
+  JobSpec spec = Valid();
+  spec.mutable_data()->set_batch_size(2000000000);
+  spec.mutable_schedule()->set_micro_batches(4);
+  std::string message(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("spec.data.batch_size: must be <= 1048576, got 2000000000"));
+  EXPECT_THAT(message, HasSubstr("spec.data.batch_size: a batch of 2000000000 samples "
+                                 "of 784 values is 5.7 TiB of input alone; at most "
+                                 "64.0 GiB fits a worker"));
+  // Within the batch bound, but too large for the memory the spec gives.
+  spec = Valid();
+  spec.mutable_data()->clear_fashion_mnist();
+  auto* synthetic = spec.mutable_data()->mutable_synthetic();
+  synthetic->add_sample_shape(1);
+  synthetic->add_sample_shape(1024);
+  synthetic->add_sample_shape(1024);
+  synthetic->set_num_classes(10);
+  synthetic->set_samples_per_epoch(1000);
+  spec.mutable_data()->set_batch_size(512);
+  spec.mutable_resources()->set_memory_per_worker_bytes(int64_t{1} << 30);
+  message = std::string(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("a batch of 512 samples of 1048576 values is 2.0 GiB "
+                                 "of input alone; at most 1.0 GiB fits "
+                                 "spec.resources.memory_per_worker_bytes"));
+  spec.mutable_data()->set_batch_size(128);  // 512 MiB: fits
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(SpecValidatorTest, NumbersPastTheirUpperBoundsAreRefusedNamingTheField) {
+  JobSpec spec = Valid();
+  spec.mutable_resources()->set_workers(20000);
+  spec.mutable_schedule()->set_micro_batches(8192);
+  spec.mutable_limits()->set_epochs(2000000);
+  (*spec.mutable_model()->mutable_builtin()->mutable_hyper_parameters())["hidden"].set_i(
+      int64_t{1} << 40);
+  std::string message(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("spec.resources.workers: must be <= 10000, got 20000"));
+  EXPECT_THAT(message, HasSubstr("spec.schedule.micro_batches: must be <= 4096, got 8192"));
+  EXPECT_THAT(message, HasSubstr("spec.limits.epochs: must be <= 1000000, got 2000000"));
+  EXPECT_THAT(message, HasSubstr("spec.model.builtin.hyper_parameters[\"hidden\"]: "
+                                 "must be <= 1048576, got 1099511627776"));
+}
+
 }  // namespace
 }  // namespace apapo::coordinator

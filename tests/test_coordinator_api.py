@@ -71,6 +71,17 @@ class CoordinatorApiTest(unittest.TestCase):
         self.assertIn("spec.schedule.micro_batches: must be >= 1, got 0",
                       e.exception.details())
 
+    def test_a_batch_no_worker_holds_is_refused_at_submit_with_its_size(self):
+        spec = example_spec()
+        spec.data.batch_size = 2_000_000_000
+        with self.assertRaises(grpc.RpcError) as e:
+            self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.data.batch_size: must be <= 1048576, got 2000000000",
+                      e.exception.details())
+        self.assertIn("is 5.7 TiB of input alone", e.exception.details())
+        self.assertNotIn("\n", e.exception.details())  # one line, no backtrace
+
     def test_oversized_specs_are_refused_and_listing_keeps_working(self):
         # Over the spec cap (1 MiB): INVALID_ARGUMENT naming the spec and
         # its size. Over the message limit every client agrees on (4 MiB,
