@@ -124,7 +124,13 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
       staleness_(prometheus::BuildGauge()
                      .Name("apapo_stage_max_staleness_updates")
                      .Help("Largest gradient delay seen on a stage, in updates.")
-                     .Register(*registry)) {}
+                     .Register(*registry)) {
+  // Unlabelled counters exist from the start at 0, so rate() and increase()
+  // see their first event (a counter that appears at 1 has no increase).
+  submitted_.Add({});
+  registrations_.Add({});
+  lost_.Add({});
+}
 
 std::shared_ptr<prometheus::Collectable> CoordinatorMetrics::state_collectable()
     const {

@@ -83,6 +83,10 @@ TEST_F(MetricsTest, ReportsBecomeCountersByIncreaseGaugesAndHistograms) {
 }
 
 TEST_F(MetricsTest, EventCounters) {
+  std::string before = Scrape();
+  EXPECT_THAT(before, HasSubstr("apapo_jobs_submitted_total 0"));
+  EXPECT_THAT(before, HasSubstr("apapo_worker_registrations_total 0"));
+  EXPECT_THAT(before, HasSubstr("apapo_workers_lost_total 0"));
   metrics_.OnJobSubmitted();
   metrics_.OnWorkerRegistered("a");
   metrics_.OnWorkerRegistered("a");

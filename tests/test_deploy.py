@@ -26,8 +26,11 @@ def names_in(expr):
 
 class DeployTest(unittest.TestCase):
     def test_prometheus_config_and_rules_pass_promtool(self):
+        # `test rules` runs the alerts on series where they must fire (a
+        # lost worker, a failed job) and where they must not.
         for args in (["check", "config", "prometheus/prometheus.yml"],
-                     ["check", "rules", "prometheus/apapo-rules.yml"]):
+                     ["check", "rules", "prometheus/apapo-rules.yml"],
+                     ["test", "rules", "prometheus/apapo-rules.test.yml"]):
             r = subprocess.run(["promtool", *args], cwd=DEPLOY, capture_output=True,
                                text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
