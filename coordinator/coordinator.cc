@@ -73,7 +73,8 @@ absl::Status Coordinator::StartServing() {
   APAPO_RETURN_IF_ERROR(Validate(options_));
   const std::string& state = options_.state_path;
   APAPO_ASSIGN_OR_RETURN(store_, OpenStore(state));
-  jobs_ = std::make_unique<JobManager>(store_.get(), clock_);
+  jobs_ = std::make_unique<JobManager>(store_.get(), clock_, absl::Milliseconds(200),
+                                       options_.data_roots);
   if (absl::Status s = jobs_->Recover(); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("recovering ", state, ": ", s.message()));

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/spec_paths.h"
 #include "coordinator/clock.h"
 #include "coordinator/scheduler.h"
 #include "planning/planner.h"
@@ -53,6 +54,8 @@ struct CoordinatorOptions {
   // How often workers heartbeat; one silent for
   // WorkerRegistry::kMissedHeartbeats intervals is marked lost.
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Directories job specs may name files under (common/spec_paths.h).
+  std::vector<std::string> data_roots = DefaultDataRoots();
   // Phase deadlines, transfer timeout and the scheduler's tick.
   SchedulerOptions scheduler;
 };

@@ -48,8 +48,12 @@ bool IsTerminal(JobState state) {
 }
 
 JobManager::JobManager(JobStore* store, Clock* clock,
-                       absl::Duration progress_batch_window)
-    : store_(store), clock_(clock), progress_batch_window_(progress_batch_window) {
+                       absl::Duration progress_batch_window,
+                       std::vector<std::string> data_roots)
+    : store_(store),
+      clock_(clock),
+      progress_batch_window_(progress_batch_window),
+      data_roots_(std::move(data_roots)) {
   writer_ = std::thread([this] { WriteProgressLoop(); });
 }
 
@@ -138,6 +142,7 @@ absl::Status JobManager::Recover() {
 
 absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::Status s = CheckSpecPaths(spec, data_roots_); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::string id = JobId(next_id_++);
   Entry& entry = jobs_[id];

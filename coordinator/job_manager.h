@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/spec_paths.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
 #include "proto/apapo/v1/job.pb.h"
@@ -50,8 +51,10 @@ class JobManager {
  public:
   // `store` and `clock` must outlive the manager. Starts the progress
   // writer.
+  // Specs may name files only under `data_roots` (common/spec_paths.h).
   JobManager(JobStore* store, Clock* clock,
-             absl::Duration progress_batch_window = absl::Milliseconds(200));
+             absl::Duration progress_batch_window = absl::Milliseconds(200),
+             std::vector<std::string> data_roots = DefaultDataRoots());
   // Stops the writer and writes the progress not yet saved.
   ~JobManager();
 
@@ -63,7 +66,8 @@ class JobManager {
   // their workers were told nothing; queued jobs stay queued.
   absl::Status Recover();
 
-  // Validates `spec` (INVALID_ARGUMENT naming the field) and queues a job.
+  // Validates `spec` (INVALID_ARGUMENT naming the field), including that
+  // every path it names lies under the data roots, and queues a job.
   absl::StatusOr<apapo::v1::Job> Submit(const apapo::v1::JobSpec& spec);
 
   absl::StatusOr<apapo::v1::Job> Get(const std::string& job_id);
@@ -143,6 +147,7 @@ class JobManager {
   JobStore* const store_;
   Clock* const clock_;
   const absl::Duration progress_batch_window_;
+  const std::vector<std::string> data_roots_;
 
   absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/spec_paths.h"
 #include "coordinator/coordinator.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
@@ -42,6 +43,10 @@ ABSL_FLAG(absl::Duration, profile_timeout, absl::Minutes(5),
           "A job whose workers have not all profiled by then fails.");
 ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60),
           "Timeout of every blocking transfer between stages.");
+ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
+          "Comma-separated directories a job spec may name files under "
+          "(data, TorchScript, checkpoints); anything else is refused at "
+          "submit. Workers check the same with their own --data_roots.");
 ABSL_FLAG(std::string, state, "",
           "State database path (SQLite); default DATA_DIR/coordinator.db; "
           "':memory:' keeps nothing across restarts.");
@@ -111,7 +116,14 @@ int Run() {
     return kExitUsage;
   }
 
+  absl::StatusOr<std::vector<std::string>> data_roots =
+      apapo::ParseDataRoots(absl::GetFlag(FLAGS_data_roots), "--data_roots");
+  if (!data_roots.ok()) {
+    std::cerr << "apapo-coordinator: " << data_roots.status().message() << "\n";
+    return kExitUsage;
+  }
   apapo::coordinator::CoordinatorOptions options;
+  options.data_roots = *data_roots;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   // Any negative value turns metrics off.

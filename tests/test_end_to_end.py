@@ -213,6 +213,51 @@ class TorchScriptJobTest(unittest.TestCase):
             c.close()
 
 
+class ConfinedPathsTest(unittest.TestCase):
+    """A spec may name files only under the data roots: refused at submit
+    when it says so itself, refused by the worker when only the disk shows
+    it (a symlink out of the roots)."""
+
+    def test_paths_outside_the_data_roots_are_refused_at_submit_and_on_the_worker(self):
+        c = Cluster(workers=2)
+        try:
+            s = spec(steps=50)
+            s.data.Clear()
+            s.data.text.path = "/etc/passwd"
+            s.data.text.context = 16
+            s.data.batch_size = 64
+            with self.assertRaises(grpc.RpcError) as e:
+                c.submit(s)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("spec.data.text.path: /etc/passwd is outside the data roots",
+                          e.exception.details())
+            s = spec(steps=50)
+            s.checkpoint.directory = c.dir + "/../../tmp/escape"
+            with self.assertRaises(grpc.RpcError) as e:
+                c.submit(s)
+            self.assertIn("spec.checkpoint.directory: must not contain \"..\"",
+                          e.exception.details())
+
+            # Lexically inside the roots, but a symlink to /etc/passwd.
+            link = os.path.join(c.dir, "corpus.txt")
+            os.symlink("/etc/passwd", link)
+            s = spec(steps=50)
+            s.data.Clear()
+            s.data.text.path = link
+            s.data.text.context = 16
+            s.data.batch_size = 64
+            job_id = c.submit(s)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=120)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+            self.assertIn(f"spec.data.text.path: {link} resolves to /etc/passwd", job.error)
+            self.assertEqual(job.error_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+            # Nothing ran: both workers are free.
+            states = c.worker_states()
+            self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
+        finally:
+            c.close()
+
+
 class QueueingTest(unittest.TestCase):
     def test_job_waits_for_workers_then_runs(self):
         c = Cluster(workers=1)

@@ -37,6 +37,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/spec_paths.h"
 #include "worker/daemon/daemon.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_process.h"
@@ -61,6 +62,10 @@ ABSL_FLAG(std::string, host, "127.0.0.1",
           "Daemon: address other workers reach this one at (rendezvous); "
           "its Gloo transports bind to it, so it must be an address of this "
           "machine.");
+ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
+          "Daemon: comma-separated directories a job may read and write "
+          "under (data, TorchScript, checkpoints); a spec naming anything "
+          "else, '..', or a non-regular file is refused before it runs.");
 ABSL_FLAG(std::string, labels, "",
           "Daemon: labels matched by job specs' worker_selector, "
           "\"key=value,key=value\".");
@@ -156,6 +161,14 @@ int RunDaemon(int threads) {
     std::fprintf(stderr, "apapo-worker: --host must not be empty\n");
     return kExitUsage;
   }
+  absl::StatusOr<std::vector<std::string>> data_roots =
+      apapo::ParseDataRoots(absl::GetFlag(FLAGS_data_roots), "--data_roots");
+  if (!data_roots.ok()) {
+    std::fprintf(stderr, "apapo-worker: %s\n",
+                 std::string(data_roots.status().message()).c_str());
+    return kExitUsage;
+  }
+  options.data_roots = *data_roots;
 
   // Stage children inherit the environment: OpenBLAS reads it at load time.
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);

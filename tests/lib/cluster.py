@@ -13,9 +13,12 @@ class Cluster:
     def __init__(self, workers=2):
         self.dir = t.temp_dir("e2e-")
         self.state = os.path.join(self.dir, "state.db")
+        # Specs may name files under Debian's datasets and this cluster's
+        # own folder (TorchScript models, text, checkpoints of a test).
+        self.data_roots = f"--data_roots=/usr/share/datasets,{self.dir}"
         self.coordinator, self.port = t.start_coordinator(
             self.state, extra=["--heartbeat_interval=500ms",
-                               "--transfer_timeout=20s"])
+                               "--transfer_timeout=20s", self.data_roots])
         m = self.coordinator.wait_for_line(r"metrics on port (\d+)")
         self.metrics_port = int(m.group(1))
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
@@ -26,7 +29,8 @@ class Cluster:
             self.add_worker(f"w-{i + 1}")
 
     def add_worker(self, worker_id):
-        self.workers[worker_id] = t.start_worker(self.port, worker_id)
+        self.workers[worker_id] = t.start_worker(self.port, worker_id,
+                                                 extra=[self.data_roots])
 
     def submit(self, s):
         return self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=s), timeout=30).job.id

@@ -21,8 +21,12 @@ using apapo::v1::WorkerMessage;
 class WorkerDaemon::Session {
  public:
   Session(grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>* stream,
-          JobRunner* runner, std::string worker_id)
-      : stream_(stream), runner_(runner), worker_id_(std::move(worker_id)) {}
+          JobRunner* runner, std::string worker_id,
+          const std::vector<std::string>* data_roots)
+      : stream_(stream),
+        runner_(runner),
+        worker_id_(std::move(worker_id)),
+        data_roots_(data_roots) {}
 
   ~Session() {
     ended_.Notify();
@@ -74,6 +78,12 @@ class WorkerDaemon::Session {
     const int64_t id = command.command_id();
     switch (command.kind_case()) {
       case CoordinatorMessage::kProfile: {
+        // Nothing of a spec runs here unless its paths stay in the roots.
+        if (absl::Status s = CheckSpecPathsOnDisk(command.profile().spec(), *data_roots_);
+            !s.ok()) {
+          Ack(id, s);
+          break;
+        }
         apapo::v1::ProfileCommand profile = command.profile();
         const apapo::v1::Rendezvous& rv = profile.rendezvous();
         if (rv.world_size() > 1 && rv.rank() == 0 && rv.store_port() == 0) {
@@ -110,6 +120,10 @@ class WorkerDaemon::Session {
       }
       case CoordinatorMessage::kAssign: {
         const auto& assign = command.assign();
+        if (absl::Status s = CheckSpecPathsOnDisk(assign.spec(), *data_roots_); !s.ok()) {
+          Ack(id, s);
+          break;
+        }
         int port = 0;
         absl::Status status;
         if (assign.rendezvous().store_port() == 0) {
@@ -183,6 +197,7 @@ class WorkerDaemon::Session {
   grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>* const stream_;
   JobRunner* const runner_;
   const std::string worker_id_;
+  const std::vector<std::string>* const data_roots_;
   absl::Notification ended_;
   std::thread heartbeat_;
   std::vector<std::thread> workers_;  // only touched by the reader thread
@@ -267,7 +282,8 @@ void WorkerDaemon::RunSession() {
       registered_ = true;
       ++registrations_;
     }
-    Session session(stream.get(), runner_, options_.info.worker_id());
+    Session session(stream.get(), runner_, options_.info.worker_id(),
+                    &options_.data_roots);
     session.StartHeartbeat(interval, options_.info.worker_id());
     while (stream->Read(&reply)) session.Handle(reply);
     // ~Session stops running jobs and joins its threads.

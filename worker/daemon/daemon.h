@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/random/bit_gen_ref.h"
+#include "common/spec_paths.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -37,6 +38,9 @@ struct DaemonOptions {
   std::string coordinator;
   // What the worker registers as (worker_id must be set).
   apapo::v1::WorkerInfo info;
+  // Directories a job spec may name files under; every spec is checked
+  // against them on this machine before anything of it runs.
+  std::vector<std::string> data_roots = DefaultDataRoots();
   // Reconnect backoff: doubles from initial to max (before jitter).
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
