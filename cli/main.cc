@@ -11,10 +11,15 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "cli/apapoctl.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 
 ABSL_FLAG(std::string, coordinator, "localhost:7070",
           "Coordinator address HOST:PORT.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "Verify the coordinator against this CA (PEM; deploy/pki.sh).");
+ABSL_FLAG(std::string, tls_cert, "", "A client certificate to present (PEM).");
+ABSL_FLAG(std::string, tls_key, "", "Its private key (PEM).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30),
           "Deadline of each unary call.");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
@@ -60,9 +65,16 @@ int main(int argc, char** argv) {
   // connection every few seconds at most, not after gRPC's 2-minute cap.
   grpc::ChannelArguments channel_args;
   channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      apapo::MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
+                                     absl::GetFlag(FLAGS_tls_cert),
+                                     absl::GetFlag(FLAGS_tls_key)});
+  if (!credentials.ok()) {
+    std::cerr << "apapoctl: " << credentials.status().message() << "\n";
+    return apapo::cli::kExitUsage;
+  }
   auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
-                                           grpc::InsecureChannelCredentials(),
-                                           channel_args);
+                                           *credentials, channel_args);
   auto jobs = apapo::v1::JobService::NewStub(channel);
   auto workers = apapo::v1::WorkerService::NewStub(channel);
   apapo::cli::Apapoctl ctl(jobs.get(), workers.get(), std::cout, std::cerr,

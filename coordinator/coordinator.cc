@@ -34,6 +34,13 @@ absl::Status Validate(const CoordinatorOptions& o) {
         absl::StrCat("heartbeat interval must be > 0, got ",
                      absl::FormatDuration(o.heartbeat_interval)));
   }
+  if (!o.tls.enabled() && !IsLoopback(o.host) && !o.allow_insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listening on ", o.host, " without TLS would let anyone who reaches "
+        "the port submit, read and cancel jobs and pose as a worker: give "
+        "--tls_cert, --tls_key and --tls_ca (deploy/pki.sh makes them), or "
+        "--insecure"));
+  }
   if (o.state_path.empty()) {
     return absl::InvalidArgumentError(
         "state path is empty (a file, or \":memory:\")");
@@ -116,8 +123,11 @@ absl::Status Coordinator::StartServing() {
     metrics_->OnJobSubmitted();
     scheduler_->Wake();
   });
+  APAPO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                         MakeServerCredentials(options_.tls));
   worker_service_ =
       std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get());
+  worker_service_->RequireWorkerCertificates(options_.tls.enabled());
   worker_service_->SetRegisterHook([this](const std::string& worker) {
     metrics_->OnWorkerRegistered(worker);
     scheduler_->Wake();
@@ -127,7 +137,8 @@ absl::Status Coordinator::StartServing() {
       std::vector<std::string>{apapo::v1::JobService::service_full_name(),
                                apapo::v1::WorkerService::service_full_name()});
   APAPO_ASSIGN_OR_RETURN(
-      port_, server_->Start(absl::StrCat(options_.host, ":", options_.port)));
+      port_, server_->Start(absl::StrCat(options_.host, ":", options_.port),
+                            credentials));
 
   scheduler_->Start();
   // Wakes when the registry's deadline queue says a worker may be due, not

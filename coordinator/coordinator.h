@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/spec_paths.h"
+#include "common/tls.h"
 #include "coordinator/clock.h"
 #include "coordinator/scheduler.h"
 #include "planning/planner.h"
@@ -43,8 +44,14 @@ class WorkerRegistry;
 class WorkerServiceImpl;
 
 struct CoordinatorOptions {
-  // Address the gRPC server and the metrics endpoint listen on.
-  std::string host = "0.0.0.0";
+  // Address the gRPC server and the metrics endpoint listen on. Beyond
+  // loopback the server must have TLS, unless allow_insecure.
+  std::string host = "127.0.0.1";
+  // TLS (common/tls.h): the server's certificate and key, and the cluster
+  // CA that worker certificates are checked against. With TLS, a worker
+  // registers only under its certificate's common name.
+  TlsFiles tls;
+  bool allow_insecure = false;
   // gRPC port; 0 picks a free one (read it back with port()).
   int port = 0;
   // Prometheus /metrics port; 0 picks a free one, -1 serves no metrics.

@@ -25,7 +25,17 @@
 #include "common/spec_paths.h"
 #include "coordinator/coordinator.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on. Beyond loopback (e.g. 0.0.0.0) TLS is "
+          "required (--tls_*), unless --insecure.");
+ABSL_FLAG(std::string, tls_cert, "", "TLS: the coordinator's certificate (PEM).");
+ABSL_FLAG(std::string, tls_key, "", "TLS: its private key (PEM).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "TLS: the cluster CA (PEM); workers' client certificates must be "
+          "signed by it and name their --id. deploy/pki.sh makes all three.");
+ABSL_FLAG(bool, insecure, false,
+          "Listen beyond loopback without TLS: anyone who reaches the port "
+          "can submit, read and cancel jobs and pose as a worker.");
 ABSL_FLAG(int, port, 7070,
           "gRPC port for JobService, WorkerService, health and reflection; 0 "
           "picks a free port (printed on start).");
@@ -125,6 +135,10 @@ int Run() {
   apapo::coordinator::CoordinatorOptions options;
   options.data_roots = *data_roots;
   options.host = absl::GetFlag(FLAGS_host);
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  options.allow_insecure = absl::GetFlag(FLAGS_insecure);
   options.port = absl::GetFlag(FLAGS_port);
   // Any negative value turns metrics off.
   options.metrics_port = std::max(-1, absl::GetFlag(FLAGS_metrics_port));

@@ -14,12 +14,15 @@ CoordinatorServer::CoordinatorServer(std::vector<grpc::Service*> services,
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
-absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
+absl::StatusOr<int> CoordinatorServer::Start(
+    const std::string& address,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
+  if (credentials == nullptr) credentials = grpc::InsecureServerCredentials();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, credentials, &port);
   // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator on a
   // taken port would then bind it too and share its connections. Refuse.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -24,10 +24,13 @@ class CoordinatorServer {
                              std::vector<std::string> health_names = {});
   ~CoordinatorServer();
 
-  // Binds `address` ("0.0.0.0:0" picks a free port) and starts serving.
-  // Returns the bound port. UNAVAILABLE if the address cannot be bound,
-  // including when another server (even another gRPC one) holds the port.
-  absl::StatusOr<int> Start(const std::string& address);
+  // Binds `address` ("0.0.0.0:0" picks a free port) and starts serving with
+  // `credentials` (insecure when null). Returns the bound port. UNAVAILABLE
+  // if the address cannot be bound, including when another server (even
+  // another gRPC one) holds the port.
+  absl::StatusOr<int> Start(
+      const std::string& address,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
   // Blocks until Shutdown().
   void Wait();

@@ -6,6 +6,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace apapo::coordinator {
@@ -102,6 +103,23 @@ class WorkerServiceImpl::ConnectReactor final
       FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               "the first message on Connect must be register"));
       return;
+    }
+    if (service_->require_certificates_) {
+      const std::string& id = in_.register_().worker_id();
+      const std::string name = VerifiedPeerName(*context_->auth_context());
+      if (name.empty()) {
+        FinishOnce(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                "a worker must present its client certificate "
+                                "(--tls_cert, --tls_key; deploy/pki.sh)"));
+        return;
+      }
+      if (name != id) {
+        FinishOnce(grpc::Status(
+            grpc::StatusCode::PERMISSION_DENIED,
+            "the client certificate is for worker \"" + name +
+                "\"; it cannot register as \"" + id + "\""));
+        return;
+      }
     }
     WorkerRegistry* registry = service_->registry_;
     absl::StatusOr<std::shared_ptr<WorkerSession>> session =

@@ -38,6 +38,11 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
   void SetRegisterHook(std::function<void(const std::string&)> hook) {
     on_registered_ = std::move(hook);
   }
+  // With TLS: a worker must present a client certificate signed by the
+  // cluster CA whose common name is the id it registers
+  // (UNAUTHENTICATED without one, PERMISSION_DENIED for another id). Set
+  // before the server starts.
+  void RequireWorkerCertificates(bool require) { require_certificates_ = require; }
 
   grpc::ServerBidiReactor<apapo::v1::WorkerMessage, apapo::v1::CoordinatorMessage>*
   Connect(grpc::CallbackServerContext* context) override;
@@ -52,6 +57,7 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
   WorkerRegistry* const registry_;
   WorkerMessageListener* const listener_;
   std::function<void(const std::string&)> on_registered_;
+  bool require_certificates_ = false;
 };
 
 }  // namespace apapo::coordinator

@@ -80,22 +80,34 @@ class ClusterLabTest(unittest.TestCase):
         """The coordinator on host 1, `workers_per_host` workers on each of
         hosts 1 and 2 (w-1, w-2 on hosts 1, 2; w-3, w-4 likewise). Returns
         apapoctl's argv and a spec file for a job on all of them."""
+        # Beyond loopback the control plane runs TLS: a CA, the
+        # coordinator's certificate for 198.18.0.1, one per worker.
+        workers = [f"w-{i}" for i in range(1, 2 * workers_per_host + 1)]
+        pki = t.temp_dir("lab-pki-")
+        subprocess.run(["bash", os.path.join(t.ROOT, "deploy", "pki.sh"), pki,
+                        "--server-name=198.18.0.1"] + [f"--worker={w}" for w in workers],
+                       check=True, capture_output=True, timeout=60)
         state = os.path.join(t.temp_dir("lab-"), "state.db")
         _, m = self.start(1, [t.binary("coordinator", "apapo-coordinator"),
                               "--host=198.18.0.1", "--port=0", "--metrics_port=-1",
+                              f"--tls_cert={pki}/coordinator.pem",
+                              f"--tls_key={pki}/coordinator.key", f"--tls_ca={pki}/ca.pem",
                               f"--state={state}"], r"listening on port (\d+)")
         coordinator = f"198.18.0.1:{m.group(1)}"
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        for i in range(1, 2 * workers_per_host + 1):
+        for i, w in enumerate(workers, start=1):
             host = 1 if i % 2 else 2
             self.start(host, [t.binary("worker", "apapo-worker"),
-                              f"--coordinator={coordinator}", f"--id=w-{i}",
-                              f"--host=198.18.0.{host}", "--threads=1"],
-                       rf"registered as w-{i}", env=env)
+                              f"--coordinator={coordinator}", f"--id={w}",
+                              f"--host=198.18.0.{host}", "--threads=1",
+                              f"--tls_ca={pki}/ca.pem", f"--tls_cert={pki}/worker-{w}.pem",
+                              f"--tls_key={pki}/worker-{w}.key"],
+                       rf"registered as {w}", env=env)
         spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
         with open(spec, "w") as f:
             f.write(JOB.replace("workers: 2", f"workers: {2 * workers_per_host}"))
-        return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}"], spec
+        return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
+                f"--tls_ca={pki}/ca.pem"], spec
 
     def test_a_job_across_two_hosts_trains_over_the_shaped_link(self):
         ctl, spec = self.start_cluster(workers_per_host=1)

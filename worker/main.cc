@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/spec_paths.h"
+#include "common/tls.h"
 #include "worker/daemon/daemon.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_process.h"
@@ -62,6 +63,12 @@ ABSL_FLAG(std::string, host, "127.0.0.1",
           "Daemon: address other workers reach this one at (rendezvous); "
           "its Gloo transports bind to it, so it must be an address of this "
           "machine.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "Daemon: verify the coordinator against this CA (PEM); with "
+          "--tls_cert/--tls_key, this worker's client certificate (its common "
+          "name must be --id). deploy/pki.sh makes them.");
+ABSL_FLAG(std::string, tls_cert, "", "Daemon: this worker's certificate (PEM).");
+ABSL_FLAG(std::string, tls_key, "", "Daemon: its private key (PEM).");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Daemon: comma-separated directories a job may read and write "
           "under (data, TorchScript, checkpoints); a spec naming anything "
@@ -169,6 +176,16 @@ int RunDaemon(int threads) {
     return kExitUsage;
   }
   options.data_roots = *data_roots;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      apapo::MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
+                                     absl::GetFlag(FLAGS_tls_cert),
+                                     absl::GetFlag(FLAGS_tls_key)});
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "apapo-worker: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return kExitUsage;
+  }
+  options.credentials = *credentials;
 
   // Stage children inherit the environment: OpenBLAS reads it at load time.
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), 1);

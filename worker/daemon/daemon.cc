@@ -257,8 +257,7 @@ void WorkerDaemon::Run() {
 }
 
 void WorkerDaemon::RunSession() {
-  auto channel = grpc::CreateChannel(options_.coordinator,
-                                     grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(options_.coordinator, options_.credentials);
   auto stub = apapo::v1::WorkerService::NewStub(channel);
   grpc::ClientContext context;
   {
@@ -270,7 +269,12 @@ void WorkerDaemon::RunSession() {
   WorkerMessage hello;
   *hello.mutable_register_() = options_.info;
   CoordinatorMessage reply;
-  if (stream->Write(hello) && stream->Read(&reply) && reply.has_registered()) {
+  // Whether the stream may still be open (a first reply that was not
+  // Registered): only then is it cancelled before Finish, which would
+  // otherwise report CANCELLED instead of the coordinator's status (e.g.
+  // PERMISSION_DENIED for a certificate of another worker).
+  bool open = stream->Write(hello) && stream->Read(&reply);
+  if (open && reply.has_registered()) {
     absl::Duration interval = absl::Nanoseconds(
         google::protobuf::util::TimeUtil::DurationToNanoseconds(
             reply.registered().heartbeat_interval()));
@@ -286,6 +290,7 @@ void WorkerDaemon::RunSession() {
                     &options_.data_roots);
     session.StartHeartbeat(interval, options_.info.worker_id());
     while (stream->Read(&reply)) session.Handle(reply);
+    open = false;
     // ~Session stops running jobs and joins its threads.
   }
   {
@@ -293,7 +298,7 @@ void WorkerDaemon::RunSession() {
     registered_ = false;
     context_ = nullptr;
   }
-  context.TryCancel();
+  if (open) context.TryCancel();
   grpc::Status status = stream->Finish();
   if (!shutdown_.HasBeenNotified()) {
     std::cerr << "apapo-worker: connection to " << options_.coordinator

@@ -24,18 +24,22 @@
 #include <vector>
 
 #include "absl/random/bit_gen_ref.h"
-#include "common/spec_paths.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/spec_paths.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
 #include "worker/daemon/job_runner.h"
 
 namespace apapo::worker {
 
 struct DaemonOptions {
-  // Coordinator address HOST:PORT.
+  // Coordinator address HOST:PORT, and how to reach it (TLS with this
+  // worker's certificate, or insecure; common/tls.h).
   std::string coordinator;
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
   // What the worker registers as (worker_id must be set).
   apapo::v1::WorkerInfo info;
   // Directories a job spec may name files under; every spec is checked
