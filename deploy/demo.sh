@@ -51,20 +51,26 @@ wait_for() {
 # Every process computes on one core: bound OpenBLAS too, not just LibTorch.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
+echo "== a throwaway CA: the control plane runs TLS, workers show certificates"
+bash deploy/pki.sh "$WORK/pki" --worker=w-1 --worker=w-2 >/dev/null
+PKI="$WORK/pki"
+
 echo "== starting a coordinator and two worker daemons"
 "$BIN/coordinator/apapo-coordinator" --host=127.0.0.1 --port=0 --metrics_port=0 \
-  --state="$WORK/coordinator.db" >"$WORK/coordinator.log" 2>&1 &
+  --tls_cert="$PKI/coordinator.pem" --tls_key="$PKI/coordinator.key" \
+  --tls_ca="$PKI/ca.pem" --state="$WORK/coordinator.db" >"$WORK/coordinator.log" 2>&1 &
 PIDS+=($!)
 PORT=$(wait_for "$WORK/coordinator.log" 'listening on port \K[0-9]+')
 METRICS=$(wait_for "$WORK/coordinator.log" 'metrics on port \K[0-9]+')
 echo "coordinator: 127.0.0.1:$PORT (metrics: http://127.0.0.1:$METRICS/metrics)"
 for id in w-1 w-2; do
   "$BIN/worker/apapo-worker" --coordinator="127.0.0.1:$PORT" --id="$id" \
-    --threads=1 >"$WORK/$id.log" 2>&1 &
+    --threads=1 --tls_ca="$PKI/ca.pem" --tls_cert="$PKI/worker-$id.pem" \
+    --tls_key="$PKI/worker-$id.key" >"$WORK/$id.log" 2>&1 &
   PIDS+=($!)
 done
 for id in w-1 w-2; do wait_for "$WORK/$id.log" "registered as \K$id" >/dev/null; done
-CTL=("$BIN/cli/apapoctl" --coordinator="127.0.0.1:$PORT")
+CTL=("$BIN/cli/apapoctl" --coordinator="127.0.0.1:$PORT" --tls_ca="$PKI/ca.pem")
 "${CTL[@]}" workers
 
 echo "== submitting $SPEC"

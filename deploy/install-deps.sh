@@ -13,8 +13,8 @@ PACKAGES=(
   # data, tests, benchmark peers
   dataset-fashion-mnist prometheus python3-torch python3-grpcio python3-protobuf
   python3-yaml
-  # the emulated cluster (deploy/cluster-lab.sh)
-  iproute2
+  # the emulated cluster (deploy/cluster-lab.sh), certificates (deploy/pki.sh)
+  iproute2 openssl
 
 )
 
