@@ -118,13 +118,14 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   return out;
 }
 
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+}  // namespace
+
+std::unique_ptr<grpc::ClientContext> Apapoctl::Context(bool with_deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (with_deadline) ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
   return ctx;
 }
-
-}  // namespace
 
 int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
@@ -136,6 +137,8 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kAlreadyExists: return kExitRefused;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied: return kExitDenied;
     default: return kExitError;
   }
 }
@@ -352,7 +355,7 @@ int Apapoctl::Submit(const std::string& file, const SubmitOverrides& overrides,
   *request.mutable_spec() = *spec;
   apapo::v1::SubmitJobResponse response;
   grpc::Status status =
-      jobs_->SubmitJob(Context(timeout_).get(), request, &response);
+      jobs_->SubmitJob(Context().get(), request, &response);
   if (!status.ok()) return Fail("submit " + file, FromGrpcStatus(status));
   out_ << response.job().id() << "\n" << std::flush;
   return watch ? Watch(response.job().id(), interactive) : kExitOk;
@@ -360,7 +363,7 @@ int Apapoctl::Submit(const std::string& file, const SubmitOverrides& overrides,
 
 int Apapoctl::List() {
   apapo::v1::ListJobsResponse response;
-  grpc::Status status = jobs_->ListJobs(Context(timeout_).get(),
+  grpc::Status status = jobs_->ListJobs(Context().get(),
                                         apapo::v1::ListJobsRequest(), &response);
   if (!status.ok()) return Fail("list", FromGrpcStatus(status));
   out_ << absl::StrFormat("%-12s %-20s %-11s %-8s %8s %12s %9s  %s\n", "JOB",
@@ -383,7 +386,7 @@ int Apapoctl::Get(const std::string& id) {
   apapo::v1::GetJobRequest request;
   request.set_job_id(id);
   Job job;
-  grpc::Status status = jobs_->GetJob(Context(timeout_).get(), request, &job);
+  grpc::Status status = jobs_->GetJob(Context().get(), request, &job);
   if (!status.ok()) return Fail("get " + id, FromGrpcStatus(status));
   std::string text;
   google::protobuf::TextFormat::PrintToString(job, &text);
@@ -405,8 +408,9 @@ int Apapoctl::Watch(const std::string& id, bool interactive) {
   bool connected = false;
   grpc::Status status;
   while (true) {
-    grpc::ClientContext context;  // no deadline: a watch lasts the job
-    auto reader = jobs_->WatchJob(&context, request);
+    // No deadline: a watch lasts the job.
+    std::unique_ptr<grpc::ClientContext> context = Context(/*with_deadline=*/false);
+    auto reader = jobs_->WatchJob(context.get(), request);
     apapo::v1::WatchJobResponse message;
     while (reader->Read(&message)) {
       connected = true;
@@ -472,7 +476,7 @@ int Apapoctl::Cancel(const std::string& id) {
   request.set_job_id(id);
   request.set_reason("apapoctl cancel");
   Job job;
-  grpc::Status status = jobs_->CancelJob(Context(timeout_).get(), request, &job);
+  grpc::Status status = jobs_->CancelJob(Context().get(), request, &job);
   if (!status.ok()) return Fail("cancel " + id, FromGrpcStatus(status));
   out_ << id << " " << StateName(job.state()) << "\n";
   return kExitOk;
@@ -483,7 +487,7 @@ int Apapoctl::Plan(const std::string& id) {
   request.set_job_id(id);
   apapo::v1::GetPlanResponse response;
   grpc::Status status =
-      jobs_->GetPlan(Context(timeout_).get(), request, &response);
+      jobs_->GetPlan(Context().get(), request, &response);
   if (!status.ok()) return Fail("plan " + id, FromGrpcStatus(status));
   out_ << FormatPlan(response);
   return kExitOk;
@@ -500,7 +504,7 @@ int Apapoctl::Workers() {
   do {
     apapo::v1::ListWorkersResponse response;
     grpc::Status status =
-        workers_->ListWorkers(Context(timeout_).get(), request, &response);
+        workers_->ListWorkers(Context().get(), request, &response);
     if (!status.ok()) return Fail("workers", FromGrpcStatus(status));
     for (const auto& w : response.workers()) {
       std::string state = apapo::v1::WorkerState_Name(w.state());

@@ -32,6 +32,7 @@ constexpr int kExitUnavailable = 3;   // coordinator unreachable / timed out
 constexpr int kExitNotFound = 4;      // no such job
 constexpr int kExitRefused = 5;       // wrong state (FAILED_PRECONDITION ...)
 constexpr int kExitError = 6;         // any other server error
+constexpr int kExitDenied = 7;        // no valid token, or its role is too low
 
 // Exit code for a failed call.
 int ExitCodeFor(const absl::Status& status);
@@ -65,6 +66,9 @@ class Apapoctl {
            std::ostream& err, absl::Duration timeout,
            absl::Duration reconnect_for = absl::Minutes(5));
 
+  // Every call carries "authorization: Bearer `token`" (none when empty).
+  void SetToken(std::string token) { token_ = std::move(token); }
+
   // Runs `args` (command and its operands); returns the exit code.
   int Run(const std::vector<std::string>& args,
           const SubmitOverrides& overrides, bool watch_after_submit,
@@ -79,6 +83,9 @@ class Apapoctl {
   int Cancel(const std::string& id);
   int Plan(const std::string& id);
   int Workers();
+  // A call's context: the timeout as its deadline (unless not
+  // `with_deadline`) and the bearer token.
+  std::unique_ptr<grpc::ClientContext> Context(bool with_deadline = true) const;
   // Prints "apapoctl: <what>: <message>" and returns the exit code.
   int Fail(const std::string& what, const absl::Status& status);
 
@@ -88,6 +95,7 @@ class Apapoctl {
   std::ostream& err_;
   const absl::Duration timeout_;
   const absl::Duration reconnect_for_;
+  std::string token_;
 };
 
 }  // namespace apapo::cli

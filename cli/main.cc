@@ -1,6 +1,7 @@
 // apapoctl: submit and watch APapo training jobs.
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +21,9 @@ ABSL_FLAG(std::string, tls_ca, "",
           "Verify the coordinator against this CA (PEM; deploy/pki.sh).");
 ABSL_FLAG(std::string, tls_cert, "", "A client certificate to present (PEM).");
 ABSL_FLAG(std::string, tls_key, "", "Its private key (PEM).");
+ABSL_FLAG(std::string, token_file, "",
+          "A file holding the bearer token to send (the coordinator's "
+          "--tokens_file gives it a role).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30),
           "Deadline of each unary call.");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
@@ -79,5 +83,14 @@ int main(int argc, char** argv) {
   auto workers = apapo::v1::WorkerService::NewStub(channel);
   apapo::cli::Apapoctl ctl(jobs.get(), workers.get(), std::cout, std::cerr,
                            absl::GetFlag(FLAGS_timeout));
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    std::ifstream in(path);
+    std::string token;
+    if (!in || !(in >> token)) {
+      std::cerr << "apapoctl: --token_file: cannot read a token from " << path << "\n";
+      return apapo::cli::kExitUsage;
+    }
+    ctl.SetToken(token);
+  }
   return ctl.Run(args, o, absl::GetFlag(FLAGS_watch), isatty(STDOUT_FILENO));
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/access.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
@@ -118,7 +119,14 @@ absl::Status Coordinator::StartServing() {
     scheduler_->OnWorkerLost(worker, job, reason);
   });
 
-  job_service_ = std::make_unique<JobServiceImpl>(jobs_.get());
+  access_ = std::make_unique<AccessPolicy>();
+  if (!options_.tokens_file.empty()) {
+    APAPO_ASSIGN_OR_RETURN(AccessPolicy policy,
+                           AccessPolicy::FromFile(options_.tokens_file));
+    *access_ = std::move(policy);
+  }
+  job_service_ = std::make_unique<JobServiceImpl>(
+      jobs_.get(), absl::Milliseconds(250), access_.get());
   job_service_->SetSubmitHook([this](const apapo::v1::Job&) {
     metrics_->OnJobSubmitted();
     scheduler_->Wake();
@@ -128,6 +136,7 @@ absl::Status Coordinator::StartServing() {
   worker_service_ =
       std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get());
   worker_service_->RequireWorkerCertificates(options_.tls.enabled());
+  worker_service_->SetAccessPolicy(access_.get());
   worker_service_->SetRegisterHook([this](const std::string& worker) {
     metrics_->OnWorkerRegistered(worker);
     scheduler_->Wake();

@@ -35,6 +35,7 @@ class Registry;
 
 namespace apapo::coordinator {
 
+class AccessPolicy;
 class CoordinatorMetrics;
 class CoordinatorServer;
 class JobManager;
@@ -52,6 +53,9 @@ struct CoordinatorOptions {
   // registers only under its certificate's common name.
   TlsFiles tls;
   bool allow_insecure = false;
+  // Bearer tokens with roles for the JobService and ListWorkers
+  // (coordinator/access.h); empty = no tokens checked.
+  std::string tokens_file;
   // gRPC port; 0 picks a free one (read it back with port()).
   int port = 0;
   // Prometheus /metrics port; 0 picks a free one, -1 serves no metrics.
@@ -116,6 +120,7 @@ class Coordinator {
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<CoordinatorServer> server_;

@@ -140,13 +140,15 @@ absl::Status JobManager::Recover() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec) {
+absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec,
+                                       const std::string& owner) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   if (absl::Status s = CheckSpecPaths(spec, data_roots_); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::string id = JobId(next_id_++);
   Entry& entry = jobs_[id];
   entry.job.set_id(id);
+  entry.job.set_owner(owner);
   *entry.job.mutable_spec() = spec;
   entry.job.set_state(apapo::v1::JOB_STATE_QUEUED);
   *entry.job.mutable_create_time() = ToProto(clock_->Now());

@@ -68,7 +68,8 @@ class JobManager {
 
   // Validates `spec` (INVALID_ARGUMENT naming the field), including that
   // every path it names lies under the data roots, and queues a job.
-  absl::StatusOr<apapo::v1::Job> Submit(const apapo::v1::JobSpec& spec);
+  absl::StatusOr<apapo::v1::Job> Submit(const apapo::v1::JobSpec& spec,
+                                        const std::string& owner = "anonymous");
 
   absl::StatusOr<apapo::v1::Job> Get(const std::string& job_id);
 

@@ -1,5 +1,6 @@
 #include "coordinator/job_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
@@ -7,50 +8,86 @@ namespace apapo::coordinator {
 
 using apapo::v1::WatchJobResponse;
 
-JobServiceImpl::JobServiceImpl(JobManager* jobs, absl::Duration watch_poll)
-    : jobs_(jobs), watch_poll_(watch_poll) {}
+JobServiceImpl::JobServiceImpl(JobManager* jobs, absl::Duration watch_poll,
+                               const AccessPolicy* access)
+    : jobs_(jobs),
+      watch_poll_(watch_poll),
+      access_(access != nullptr ? access : &no_tokens_) {}
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*,
+absl::StatusOr<Caller> JobServiceImpl::Authorize(grpc::ServerContext* context,
+                                                 Role role,
+                                                 absl::string_view what) const {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  absl::string_view value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  return access_->Authorize(value, role, what);
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const apapo::v1::SubmitJobRequest* request,
                                        apapo::v1::SubmitJobResponse* response) {
-  absl::StatusOr<apapo::v1::Job> job = jobs_->Submit(request->spec());
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kSubmit, "SubmitJob");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Submit(request->spec(), caller->user);
   if (!job.ok()) return ToGrpcStatus(job.status());
   if (on_submitted_) on_submitted_(*job);
   *response->mutable_job() = std::move(*job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     const apapo::v1::GetJobRequest* request,
                                     apapo::v1::Job* response) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kRead, "GetJob");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<apapo::v1::Job> job = jobs_->Get(request->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const apapo::v1::ListJobsRequest* request,
                                       apapo::v1::ListJobsResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kRead, "ListJobs");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<apapo::v1::ListJobsResponse> list = jobs_->List(*request);
   if (!list.ok()) return ToGrpcStatus(list.status());
   *response = std::move(*list);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const apapo::v1::CancelJobRequest* request,
                                        apapo::v1::Job* response) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kSubmit, "CancelJob");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // One's own jobs; anyone's with the admin role.
+  if (caller->role != Role::kAdmin) {
+    absl::StatusOr<apapo::v1::Job> current = jobs_->Get(request->job_id());
+    if (!current.ok()) return ToGrpcStatus(current.status());
+    if (current->owner() != caller->user) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          request->job_id(), " belongs to ", current->owner(), "; only its owner "
+          "or an admin may cancel it")));
+    }
+  }
   absl::StatusOr<apapo::v1::Job> job =
-      jobs_->Cancel(request->job_id(), request->reason());
+      jobs_->Cancel(request->job_id(),
+                    caller->user == "anonymous"
+                        ? request->reason()
+                        : absl::StrCat(request->reason(), " (by ", caller->user, ")"));
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext* context,
                                      const apapo::v1::GetPlanRequest* request,
                                      apapo::v1::GetPlanResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kRead, "GetPlan");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<apapo::v1::GetPlanResponse> plan =
       jobs_->GetPlan(request->job_id());
   if (!plan.ok()) return ToGrpcStatus(plan.status());
@@ -61,6 +98,8 @@ grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext*,
 grpc::Status JobServiceImpl::WatchJob(
     grpc::ServerContext* context, const apapo::v1::WatchJobRequest* request,
     grpc::ServerWriter<WatchJobResponse>* writer) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kRead, "WatchJob");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (request->after_sequence() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         "after_sequence: must be >= 0"));

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "absl/time/time.h"
+#include "coordinator/access.h"
 #include "coordinator/job_manager.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
 
@@ -16,10 +17,13 @@ namespace apapo::coordinator {
 
 class JobServiceImpl final : public apapo::v1::JobService::Service {
  public:
-  // `jobs` must outlive the service. WatchJob streams re-check for client
-  // cancellation every `watch_poll`.
+  // `jobs` (and `access`, when given) must outlive the service. WatchJob
+  // streams re-check for client cancellation every `watch_poll`. Every call
+  // is authorized by `access` (coordinator/access.h); none checks tokens
+  // when it is null.
   explicit JobServiceImpl(JobManager* jobs,
-                          absl::Duration watch_poll = absl::Milliseconds(250));
+                          absl::Duration watch_poll = absl::Milliseconds(250),
+                          const AccessPolicy* access = nullptr);
 
   // Called after every accepted submission (wakes the scheduler, counts).
   void SetSubmitHook(std::function<void(const apapo::v1::Job&)> hook) {
@@ -46,8 +50,14 @@ class JobServiceImpl final : public apapo::v1::JobService::Service {
       grpc::ServerWriter<apapo::v1::WatchJobResponse>* writer) override;
 
  private:
+  // The caller, if it may do `what` with at least `role`.
+  absl::StatusOr<Caller> Authorize(grpc::ServerContext* context, Role role,
+                                   absl::string_view what) const;
+
   JobManager* const jobs_;
   const absl::Duration watch_poll_;
+  const AccessPolicy no_tokens_;
+  const AccessPolicy* const access_;
   std::function<void(const apapo::v1::Job&)> on_submitted_;
 };
 

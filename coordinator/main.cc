@@ -33,6 +33,10 @@ ABSL_FLAG(std::string, tls_key, "", "TLS: its private key (PEM).");
 ABSL_FLAG(std::string, tls_ca, "",
           "TLS: the cluster CA (PEM); workers' client certificates must be "
           "signed by it and name their --id. deploy/pki.sh makes all three.");
+ABSL_FLAG(std::string, tokens_file, "",
+          "Bearer tokens with roles (lines \"TOKEN read|submit|admin USER\") "
+          "that JobService calls and ListWorkers must carry; empty = none "
+          "checked.");
 ABSL_FLAG(bool, insecure, false,
           "Listen beyond loopback without TLS: anyone who reaches the port "
           "can submit, read and cancel jobs and pose as a worker.");
@@ -139,6 +143,7 @@ int Run() {
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
   options.allow_insecure = absl::GetFlag(FLAGS_insecure);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   options.port = absl::GetFlag(FLAGS_port);
   // Any negative value turns metrics off.
   options.metrics_port = std::max(-1, absl::GetFlag(FLAGS_metrics_port));

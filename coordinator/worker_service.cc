@@ -218,6 +218,17 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(
     const apapo::v1::ListWorkersRequest* request,
     apapo::v1::ListWorkersResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (access_ != nullptr) {
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    absl::string_view token;
+    if (it != metadata.end()) token = absl::string_view(it->second.data(), it->second.size());
+    absl::StatusOr<Caller> caller = access_->Authorize(token, Role::kRead, "ListWorkers");
+    if (!caller.ok()) {
+      reactor->Finish(ToGrpcStatus(caller.status()));
+      return reactor;
+    }
+  }
   absl::StatusOr<apapo::v1::ListWorkersResponse> page = registry_->List(*request);
   if (page.ok()) *response = std::move(*page);
   reactor->Finish(ToGrpcStatus(page.status()));

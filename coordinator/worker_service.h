@@ -22,6 +22,7 @@
 #include <functional>
 #include <string>
 
+#include "coordinator/access.h"
 #include "coordinator/worker_listener.h"
 #include "coordinator/worker_registry.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
@@ -43,6 +44,9 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
   // (UNAUTHENTICATED without one, PERMISSION_DENIED for another id). Set
   // before the server starts.
   void RequireWorkerCertificates(bool require) { require_certificates_ = require; }
+  // ListWorkers needs the read role of `access` (null: no tokens checked).
+  // Set before the server starts.
+  void SetAccessPolicy(const AccessPolicy* access) { access_ = access; }
 
   grpc::ServerBidiReactor<apapo::v1::WorkerMessage, apapo::v1::CoordinatorMessage>*
   Connect(grpc::CallbackServerContext* context) override;
@@ -58,6 +62,7 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
   WorkerMessageListener* const listener_;
   std::function<void(const std::string&)> on_registered_;
   bool require_certificates_ = false;
+  const AccessPolicy* access_ = nullptr;
 };
 
 }  // namespace apapo::coordinator

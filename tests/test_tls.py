@@ -106,6 +106,79 @@ class TlsTest(unittest.TestCase):
             self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
 
 
+TOKENS = """
+# token                     role    user
+reader-token-0123456789     read    dashboards
+alice-token-0123456789      submit  alice
+bob-token-01234567890       submit  bob
+ops-token-012345678901      admin   ops
+"""
+
+
+class TokensTest(unittest.TestCase):
+    """Bearer tokens with roles: reading, submitting and cancelling one's own
+    jobs, and an admin who cancels anyone's."""
+
+    def setUp(self):
+        self.dir = t.temp_dir("tokens-")
+        tokens = os.path.join(self.dir, "tokens")
+        with open(tokens, "w") as f:
+            f.write(TOKENS)
+        for user, token in (("reader", "reader-token-0123456789"),
+                            ("alice", "alice-token-0123456789"),
+                            ("bob", "bob-token-01234567890"),
+                            ("ops", "ops-token-012345678901")):
+            with open(os.path.join(self.dir, user), "w") as f:
+                f.write(token + "\n")
+        self.coordinator, self.port = t.start_coordinator(
+            os.path.join(self.dir, "state.db"), extra=[f"--tokens_file={tokens}"])
+        self.addCleanup(self.coordinator.stop)
+        self.spec = os.path.join(self.dir, "job.textproto")
+        with open(self.spec, "w") as f:
+            f.write(JOB)
+
+    def ctl(self, user, *args):
+        argv = [t.binary("cli", "apapoctl"), f"--coordinator=127.0.0.1:{self.port}"]
+        if user:
+            argv.append(f"--token_file={os.path.join(self.dir, user)}")
+        return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=60)
+
+    def test_roles_decide_who_reads_submits_and_cancels(self):
+        r = self.ctl(None, "list")
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn("ListJobs needs a bearer token", r.stderr)
+        self.assertIn("UNAUTHENTICATED", r.stderr)
+        r = self.ctl("reader", "submit", self.spec)
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn("SubmitJob needs the submit role; dashboards has read", r.stderr)
+        r = self.ctl("alice", "submit", self.spec)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "job-000001")
+        r = self.ctl("reader", "get", "job-000001")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('owner: "alice"', r.stdout)
+        r = self.ctl("bob", "cancel", "job-000001")
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn("job-000001 belongs to alice; only its owner or an admin", r.stderr)
+        r = self.ctl("ops", "cancel", "job-000001")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.ctl("alice", "watch", "job-000001")  # the history, to its end
+        self.assertIn("cancelled: apapoctl cancel (by ops)", r.stdout)
+        # ListWorkers too needs a token; a wrong one is not enough.
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            workers = service_pb2_grpc.WorkerServiceStub(channel)
+            for metadata in ((), (("authorization", "Bearer not-a-known-token-000"),)):
+                with self.assertRaises(grpc.RpcError) as e:
+                    workers.ListWorkers(service_pb2.ListWorkersRequest(), timeout=10,
+                                        metadata=metadata)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+            listed = workers.ListWorkers(
+                service_pb2.ListWorkersRequest(), timeout=10,
+                metadata=(("authorization", "Bearer reader-token-0123456789"),))
+            self.assertEqual(listed.total, 0)
+
+
 class ListenBeyondLoopbackTest(unittest.TestCase):
     def test_refused_without_tls_unless_insecure(self):
         coordinator = t.binary("coordinator", "apapo-coordinator")
