@@ -40,6 +40,7 @@
 #include "common/spec_paths.h"
 #include "common/tls.h"
 #include "worker/daemon/daemon.h"
+#include "worker/daemon/memory.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_process.h"
 #include "worker/daemon/torch_job_runner.h"

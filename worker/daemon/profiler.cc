@@ -254,18 +254,4 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileJob(
   }
 }
 
-int64_t AvailableMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
-    std::vector<absl::string_view> parts =
-        absl::StrSplit(rest, ' ', absl::SkipEmpty());
-    int64_t kib = 0;
-    if (!parts.empty() && absl::SimpleAtoi(parts[0], &kib)) return kib * 1024;
-  }
-  return 0;
-}
-
 }  // namespace apapo::worker

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/apapo/v1/worker.pb.h"
+#include "worker/daemon/memory.h"
 
 namespace apapo::worker {
 
@@ -50,8 +51,6 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileJob(
     const apapo::v1::ProfileCommand& command,
     const ProfileOptions& options = {});
 
-// MemAvailable from /proc/meminfo, bytes; 0 if unreadable.
-int64_t AvailableMemoryBytes();
 
 }  // namespace apapo::worker
 
