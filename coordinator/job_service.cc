@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "coordinator/call_access.h"
 
 namespace apapo::coordinator {
 
@@ -17,11 +18,7 @@ JobServiceImpl::JobServiceImpl(JobManager* jobs, absl::Duration watch_poll,
 absl::StatusOr<Caller> JobServiceImpl::Authorize(grpc::ServerContext* context,
                                                  Role role,
                                                  absl::string_view what) const {
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  absl::string_view value;
-  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
-  return access_->Authorize(value, role, what);
+  return AuthorizeCall(*access_, *context, role, what);
 }
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,

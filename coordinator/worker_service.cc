@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/tls.h"
+#include "coordinator/call_access.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace apapo::coordinator {
@@ -219,11 +220,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(
     apapo::v1::ListWorkersResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (access_ != nullptr) {
-    const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    absl::string_view token;
-    if (it != metadata.end()) token = absl::string_view(it->second.data(), it->second.size());
-    absl::StatusOr<Caller> caller = access_->Authorize(token, Role::kRead, "ListWorkers");
+    absl::StatusOr<Caller> caller =
+        AuthorizeCall(*access_, *context, Role::kRead, "ListWorkers");
     if (!caller.ok()) {
       reactor->Finish(ToGrpcStatus(caller.status()));
       return reactor;

@@ -17,17 +17,6 @@ from lib import apapo_testlib as t
 
 LAB = os.path.join(t.ROOT, "deploy", "cluster-lab.sh")
 
-JOB = """
-name: "two-hosts"
-model { builtin { name: "mlp" hyper_parameters { key: "hidden" value { i: 64 } }
-                  hyper_parameters { key: "layers" value { i: 2 } } } }
-data { fashion_mnist {} batch_size: 64 }
-optimizer { sgd { momentum: 0.9 } learning_rate: 0.05 }
-schedule { kind: SCHEDULE_KIND_ASYNC micro_batches: 4 }
-resources { workers: 2 threads_per_worker: 1 }
-limits { max_steps: 200 }
-seed: 5
-"""
 
 
 def lab_unavailable():
@@ -105,7 +94,7 @@ class ClusterLabTest(unittest.TestCase):
                        rf"registered as {w}", env=env)
         spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
         with open(spec, "w") as f:
-            f.write(JOB.replace("workers: 2", f"workers: {2 * workers_per_host}"))
+            f.write(t.short_job(name="two-hosts", steps=200, workers=2 * workers_per_host))
         return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
                 f"--tls_ca={pki}/ca.pem"], spec
 

@@ -16,24 +16,9 @@ from lib.cluster import Cluster
 from proto.apapo.v1 import job_pb2, service_pb2, service_pb2_grpc, worker_pb2  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 
-# A short job: the 784-64-10 MLP on real Fashion-MNIST, a few hundred steps.
-SHORT_JOB = """
-name: "e2e-short"
-model { builtin { name: "mlp" hyper_parameters { key: "hidden" value { i: 64 } }
-                  hyper_parameters { key: "layers" value { i: 2 } } } }
-data { fashion_mnist {} batch_size: 64 }
-optimizer { sgd { momentum: 0.9 } learning_rate: 0.05 }
-schedule { kind: SCHEDULE_KIND_ASYNC micro_batches: 4 }
-resources { workers: 2 threads_per_worker: 1 }
-limits { max_steps: %d }
-seed: 3
-"""
-
 
 def spec(steps=300, workers=2):
-    s = text_format.Parse(SHORT_JOB % steps, job_pb2.JobSpec())
-    s.resources.workers = workers
-    return s
+    return text_format.Parse(t.short_job(steps=steps, workers=workers), job_pb2.JobSpec())
 
 
 ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)

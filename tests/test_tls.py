@@ -15,16 +15,7 @@ from lib import apapo_testlib as t
 from proto.apapo.v1 import job_pb2, service_pb2, service_pb2_grpc, worker_pb2  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 
-JOB = """
-name: "tls"
-model { builtin { name: "mlp" hyper_parameters { key: "hidden" value { i: 64 } }
-                  hyper_parameters { key: "layers" value { i: 2 } } } }
-data { fashion_mnist {} batch_size: 64 }
-optimizer { sgd { momentum: 0.9 } learning_rate: 0.05 }
-schedule { kind: SCHEDULE_KIND_ASYNC micro_batches: 4 }
-resources { workers: 2 threads_per_worker: 1 }
-limits { max_steps: 100 }
-"""
+JOB = t.short_job(name="tls", steps=100)
 
 
 class TlsTest(unittest.TestCase):

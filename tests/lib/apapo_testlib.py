@@ -15,6 +15,26 @@ if BIN not in sys.path:
     sys.path.insert(0, BIN)
 
 
+# A short job for multi-process tests: the 784-64-10 MLP on Debian's
+# Fashion-MNIST, async pipeline, a few hundred steps.
+SHORT_JOB = """
+name: "%(name)s"
+model { builtin { name: "mlp" hyper_parameters { key: "hidden" value { i: 64 } }
+                  hyper_parameters { key: "layers" value { i: 2 } } } }
+data { fashion_mnist {} batch_size: 64 }
+optimizer { sgd { momentum: 0.9 } learning_rate: 0.05 }
+schedule { kind: SCHEDULE_KIND_ASYNC micro_batches: 4 }
+resources { workers: %(workers)d threads_per_worker: 1 }
+limits { max_steps: %(steps)d }
+seed: 3
+"""
+
+
+def short_job(name="e2e-short", steps=300, workers=2):
+    """SHORT_JOB as text (a spec file's contents)."""
+    return SHORT_JOB % {"name": name, "steps": steps, "workers": workers}
+
+
 def binary(package, name):
     path = os.path.join(BIN, package, name)
     if not os.path.exists(path):

@@ -43,7 +43,8 @@ struct ProfileOptions {
 // Profiles `command.spec`'s model with `command.iterations` timed passes
 // (3 when <= 0). WorkerResources.relative_speed is left 0 (the coordinator
 // derives it); memory_bytes is spec.resources.memory_per_worker_bytes, else
-// options.memory_bytes, else MemAvailable. Links are measured
+// options.memory_bytes, else AvailableMemoryBytes() (memory.h: MemAvailable
+// within the cgroup's limit). Links are measured
 // separately (link_profiler.h).
 // Errors: INVALID_ARGUMENT / UNIMPLEMENTED for specs the worker cannot
 // build, INTERNAL naming the node for LibTorch failures.
