@@ -175,6 +175,22 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, apapo::v1::JobSpec* spec) 
   return absl::OkStatus();
 }
 
+std::string FormatRestart(int n, const apapo::v1::JobRestart& r) {
+  std::string line = absl::StrCat("restart ", n, ": ", r.cause());
+  absl::StrAppend(&line, absl::StrFormat("; %d -> %d stage(s), %d -> %d worker(s)",
+                                         r.stages_before(), r.stages_after(),
+                                         r.workers_before(), r.workers_after()));
+  if (r.seconds_lost() > 0) {
+    absl::StrAppend(&line, absl::StrFormat("; resumed from step %d (fault at step %d), "
+                                           "%.1f s lost",
+                                           r.resumed_step(), r.step_at_fault(),
+                                           r.seconds_lost()));
+  } else {
+    absl::StrAppend(&line, "; recovering");
+  }
+  return line;
+}
+
 std::string FormatProgress(const Job& job) {
   const auto& p = job.progress();
   constexpr int kWidth = 24;
@@ -202,6 +218,7 @@ std::string FormatProgress(const Job& job) {
   if (p.has_test_accuracy()) {
     absl::StrAppend(&line, absl::StrFormat(" acc %.2f%%", 100 * p.test_accuracy()));
   }
+  if (job.restarts() > 0) absl::StrAppend(&line, " restarts ", job.restarts());
   if (p.has_eta() && !Ended(job.state())) {
     absl::StrAppend(&line, " ETA ", FormatDuration(p.eta().seconds()));
   }
@@ -391,6 +408,11 @@ int Apapoctl::Get(const std::string& id) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(job, &text);
   out_ << text;
+  // Still a text proto: the count even when 0, each restart as a comment.
+  if (job.restarts() == 0) out_ << "restarts: 0\n";
+  for (int i = 0; i < job.restart_history_size(); ++i) {
+    out_ << "# " << FormatRestart(i + 1, job.restart_history(i)) << "\n";
+  }
   return kExitOk;
 }
 

@@ -53,6 +53,10 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, apapo::v1::JobSpec* spec);
 
 // One-line progress: "[#####-----] 50% epoch 2/3 step 700/1400 ...".
 std::string FormatProgress(const apapo::v1::Job& job);
+// One restart after a fault, in one line ("restart 1: worker w-2 lost: ...;
+// 3 -> 2 stage(s), ...; resumed from step 200 (fault at step 340), 7.4 s
+// lost").
+std::string FormatRestart(int n, const apapo::v1::JobRestart& restart);
 // The stage table of a plan with predicted and measured figures.
 std::string FormatPlan(const apapo::v1::GetPlanResponse& plan);
 

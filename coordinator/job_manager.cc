@@ -34,6 +34,17 @@ bool ValidTransition(JobState from, JobState to) {
   if (to == apapo::v1::JOB_STATE_FAILED || to == apapo::v1::JOB_STATE_CANCELLED) {
     return true;
   }
+  // A fault sends an active job to RECOVERING, which goes back to
+  // profiling (new workers) or planning (the survivors' cached profiles).
+  if (to == apapo::v1::JOB_STATE_RECOVERING) {
+    return from == apapo::v1::JOB_STATE_PROFILING ||
+           from == apapo::v1::JOB_STATE_PLANNING ||
+           from == apapo::v1::JOB_STATE_RUNNING;
+  }
+  if (from == apapo::v1::JOB_STATE_RECOVERING) {
+    return to == apapo::v1::JOB_STATE_PROFILING ||
+           to == apapo::v1::JOB_STATE_PLANNING;
+  }
   // Forward moves only; a job may go back to QUEUED when its workers are
   // taken away before it runs.
   return to == apapo::v1::JOB_STATE_QUEUED || static_cast<int>(to) > static_cast<int>(from);
@@ -295,6 +306,33 @@ absl::Status JobManager::SetWorkers(const std::string& job_id,
   Job& job = (*entry)->job;
   job.clear_worker_ids();
   for (const auto& w : worker_ids) job.add_worker_ids(w);
+  ++job_version_[job_id];
+  return store_->SaveJob(job);
+}
+
+absl::Status JobManager::BeginRestart(const std::string& job_id,
+                                      const apapo::v1::JobRestart& restart) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  Job& job = (*entry)->job;
+  job.set_restarts(job.restarts() + 1);
+  *job.add_restart_history() = restart;
+  ++job_version_[job_id];
+  return store_->SaveJob(job);
+}
+
+absl::Status JobManager::UpdateRestart(const std::string& job_id,
+                                       const apapo::v1::JobRestart& restart) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  Job& job = (*entry)->job;
+  if (job.restart_history_size() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, ": no restart to update"));
+  }
+  *job.mutable_restart_history(job.restart_history_size() - 1) = restart;
   ++job_version_[job_id];
   return store_->SaveJob(job);
 }

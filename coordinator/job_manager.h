@@ -10,8 +10,10 @@
 // of the first change). A crash loses at most that window of progress.
 //
 // State machine: QUEUED -> PROFILING -> PLANNING -> RUNNING -> SUCCEEDED,
-// with FAILED and CANCELLED reachable from any non-terminal state. Transitions
-// out of a terminal state are FAILED_PRECONDITION.
+// with FAILED and CANCELLED reachable from any non-terminal state; a fault
+// takes PROFILING, PLANNING or RUNNING to RECOVERING, which goes on to
+// PROFILING or PLANNING. Transitions out of a terminal state are
+// FAILED_PRECONDITION.
 //
 // Call order: construct, Recover() once, then any method from any thread.
 // Thread-safety: all methods are thread-safe.
@@ -105,6 +107,12 @@ class JobManager {
                            const std::string& message);
   absl::Status SetWorkers(const std::string& job_id,
                           const std::vector<std::string>& worker_ids);
+  // A restart begins: appended to Job.restart_history, Job.restarts + 1.
+  absl::Status BeginRestart(const std::string& job_id,
+                            const apapo::v1::JobRestart& restart);
+  // Replaces the newest restart entry (its outcome is known).
+  absl::Status UpdateRestart(const std::string& job_id,
+                             const apapo::v1::JobRestart& restart);
   absl::Status SetPlan(const std::string& job_id,
                        const apapo::v1::GetPlanResponse& plan);
   // Replaces the job's progress; visible at once, saved in the writer's

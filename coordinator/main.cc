@@ -57,6 +57,14 @@ ABSL_FLAG(absl::Duration, profile_timeout, absl::Minutes(5),
           "A job whose workers have not all profiled by then fails.");
 ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60),
           "Timeout of every blocking transfer between stages.");
+ABSL_FLAG(std::string, checkpoint_root, "/var/lib/apapo/checkpoints",
+          "Every job that names no checkpoint folder checkpoints into "
+          "<checkpoint_root>/<job id>, from which it restarts after a fault. "
+          "Every worker must read and write it (one machine's disk, or a "
+          "volume all workers mount) and it must lie under their "
+          "--data_roots. Empty: such jobs do not checkpoint.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 200,
+          "Steps between checkpoints for a job whose spec sets none.");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Comma-separated directories a job spec may name files under "
           "(data, TorchScript, checkpoints); anything else is refused at "
@@ -151,6 +159,9 @@ int Run() {
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.scheduler.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   options.scheduler.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);
+  options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.scheduler.checkpoint_every_steps =
+      std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every_steps));
 
   apapo::coordinator::Coordinator coordinator(options);
   if (absl::Status s = coordinator.Start(); !s.ok()) {

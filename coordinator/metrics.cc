@@ -124,7 +124,20 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
       staleness_(prometheus::BuildGauge()
                      .Name("apapo_stage_max_staleness_updates")
                      .Help("Largest gradient delay seen on a stage, in updates.")
-                     .Register(*registry)) {
+                     .Register(*registry)),
+      restarts_(prometheus::BuildCounter()
+                    .Name("apapo_job_restarts_total")
+                    .Help("Restarts of jobs after a fault (a lost worker, a stage "
+                          "failed by its peer), re-planned on the workers left.")
+                    .Register(*registry)),
+      recovery_seconds_(prometheus::BuildHistogram()
+                            .Name("apapo_job_recovery_seconds")
+                            .Help("Seconds from a fault to the first step the "
+                                  "restarted job trained.")
+                            .Register(*registry)) {
+  recovery_ = &recovery_seconds_.Add(
+      {}, prometheus::Histogram::BucketBoundaries{1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600});
+  restarts_.Add({});
   // Unlabelled counters exist from the start at 0, so rate() and increase()
   // see their first event (a counter that appears at 1 has no increase).
   submitted_.Add({});
@@ -203,6 +216,22 @@ void CoordinatorMetrics::OnMetrics(const std::string& job_id,
   add(s.busy, m.busy_seconds(), s.last_busy);
   add(s.idle, m.idle_seconds(), s.last_idle);
   add(s.comm, m.comm_exposed_seconds(), s.last_comm);
+}
+
+void CoordinatorMetrics::OnJobRestarted(const std::string& job_id) {
+  restarts_.Add({}).Increment();
+  // The restarted stages count their totals from 0 again.
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  for (auto& [key, s] : it->second.stages) {
+    s.last_samples = s.last_bytes = 0;
+    s.last_busy = s.last_idle = s.last_comm = 0;
+  }
+}
+
+void CoordinatorMetrics::OnJobRecovered(const std::string&, double seconds) {
+  recovery_->Observe(seconds);
 }
 
 void CoordinatorMetrics::OnJobEnded(const std::string& job_id) {

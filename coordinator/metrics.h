@@ -52,6 +52,8 @@ class CoordinatorMetrics : public SchedulerObserver {
   void OnMetrics(const std::string& job_id,
                  const apapo::v1::MetricsReport& report) override;
   void OnJobEnded(const std::string& job_id) override;
+  void OnJobRestarted(const std::string& job_id) override;
+  void OnJobRecovered(const std::string& job_id, double seconds) override;
   void OnWorkerRegistered(const std::string& worker_id);
   void OnWorkerLost(const std::string& worker_id);
   void OnJobSubmitted();
@@ -100,6 +102,9 @@ class CoordinatorMetrics : public SchedulerObserver {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& accuracy_;
   prometheus::Family<prometheus::Gauge>& staleness_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Histogram>& recovery_seconds_;
+  prometheus::Histogram* recovery_ = nullptr;  // the unlabelled series
 
   absl::Mutex mu_;
   std::map<std::string, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);

@@ -31,6 +31,37 @@ double TotalCompute(const apapo::v1::ModelProfile& p) {
   return total;
 }
 
+// spec.fault_tolerance with its defaults (job.proto, FaultTolerance).
+int MaxRestarts(const apapo::v1::JobSpec& spec) {
+  const auto& f = spec.fault_tolerance();
+  return f.has_max_restarts() ? f.max_restarts() : 3;
+}
+int MinWorkers(const apapo::v1::JobSpec& spec) {
+  const auto& f = spec.fault_tolerance();
+  return f.has_min_workers() ? std::max(1, f.min_workers()) : 1;
+}
+absl::Duration ReplacementWait(const apapo::v1::JobSpec& spec) {
+  const auto& f = spec.fault_tolerance();
+  if (!f.has_replacement_wait()) return absl::Minutes(5);
+  return absl::Seconds(f.replacement_wait().seconds()) +
+         absl::Nanoseconds(f.replacement_wait().nanos());
+}
+
+// A stage that ended with one of these failed because of a peer or the
+// transport (a dead or hung rank, a cut link), not because of the job:
+// restarting on the workers still there may succeed.
+bool PeerFault(int code) {
+  switch (static_cast<absl::StatusCode>(code)) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 Scheduler::Scheduler(JobManager* jobs, WorkerRegistry* registry,
@@ -120,9 +151,7 @@ void Scheduler::AdmitQueued() {
     a.id = id;
     a.spec = spec;
     a.workers = *workers;
-    a.phase = Phase::kProfiling;
     a.admitted = clock_->Now();
-    a.deadline = a.admitted + options_.profile_timeout;
     jobs_->SetWorkers(id, a.workers).IgnoreError();
     absl::Status s = jobs_->Transition(
         id, apapo::v1::JOB_STATE_PROFILING,
@@ -132,26 +161,51 @@ void Scheduler::AdmitQueued() {
       active_.erase(id);
       continue;
     }
-    a.profile.set_job_id(id);
-    *a.profile.mutable_spec() = spec;
-    a.profile.set_iterations(options_.profile_iterations);
-    if (a.workers.size() == 1) {
-      SendProfile(a, 0);  // no link to measure
-      continue;
+    // Checkpoints are on by default, so that a fault costs at most one
+    // interval: into a folder of the job's own under the root.
+    apapo::v1::CheckpointSpec& checkpoint = *a.spec.mutable_checkpoint();
+    if (checkpoint.directory().empty() && !options_.checkpoint_root.empty()) {
+      checkpoint.set_directory(absl::StrCat(options_.checkpoint_root, "/", id));
     }
-    // The workers measure their links through a rendezvous hosted by the
-    // first, which is sent its command first and reports the store's port
-    // (OnAck); the others follow.
-    for (const std::string& w : a.workers) a.profile.add_peers(w);
-    apapo::v1::Rendezvous* rv = a.profile.mutable_rendezvous();
-    rv->set_store_host(HostOf(a.workers[0]));
-    rv->set_store_port(0);
-    rv->set_prefix(absl::StrCat(id, "/profile"));
-    rv->set_world_size(static_cast<int>(a.workers.size()));
-    *rv->mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
-    rv->set_backend("gloo");
-    SendProfile(a, 0);
+    if (!checkpoint.directory().empty()) {
+      if (checkpoint.every_steps() <= 0) {
+        checkpoint.set_every_steps(options_.checkpoint_every_steps);
+      }
+      jobs_->RecordEvent(id, absl::StrCat("checkpoints every ",
+                                          checkpoint.every_steps(), " steps in ",
+                                          checkpoint.directory()))
+          .IgnoreError();
+    }
+    StartProfiling(a);
   }
+}
+
+void Scheduler::StartProfiling(ActiveJob& a) {
+  a.phase = Phase::kProfiling;
+  a.deadline = clock_->Now() + options_.profile_timeout;
+  a.profiles.clear();
+  a.plan_ready = false;
+  a.profile = apapo::v1::ProfileCommand();
+  a.profile.set_job_id(a.id);
+  *a.profile.mutable_spec() = a.spec;
+  a.profile.set_iterations(options_.profile_iterations);
+  if (a.workers.size() == 1) {
+    SendProfile(a, 0);  // no link to measure
+    return;
+  }
+  // The workers measure their links through a rendezvous hosted by the
+  // first, which is sent its command first and reports the store's port
+  // (OnAck); the others follow.
+  for (const std::string& w : a.workers) a.profile.add_peers(w);
+  apapo::v1::Rendezvous* rv = a.profile.mutable_rendezvous();
+  rv->set_store_host(HostOf(a.workers[0]));
+  rv->set_store_port(0);
+  rv->set_prefix(a.restarts == 0 ? absl::StrCat(a.id, "/profile")
+                                 : absl::StrCat(a.id, "/r", a.restarts, "/profile"));
+  rv->set_world_size(static_cast<int>(a.workers.size()));
+  *rv->mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
+  rv->set_backend("gloo");
+  SendProfile(a, 0);
 }
 
 void Scheduler::SendProfile(ActiveJob& a, int rank) {
@@ -203,8 +257,15 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
   double reference = TotalCompute(request.profile);
   apapo::v1::ClusterSpec& cluster = request.cluster;
   std::vector<apapo::v1::LinkMeasurement> links;
+  // Links to workers the job no longer holds (lost since they were
+  // measured) are left out.
+  const std::set<std::string> held(a.workers.begin(), a.workers.end());
   for (const std::string& w : a.workers) {
-    for (const auto& link : a.profiles[w].links()) links.push_back(link);
+    for (const auto& link : a.profiles[w].links()) {
+      if (held.count(link.from_worker()) && held.count(link.to_worker())) {
+        links.push_back(link);
+      }
+    }
   }
   const planning::NetworkLevels levels =
       planning::InferNetworkLevels(a.workers, links);
@@ -333,7 +394,7 @@ void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
   // The rank-0 worker hosts the store; it is assigned first.
   a.rendezvous.set_store_host(HostOf(a.ranks[0].worker_id));
   a.rendezvous.set_store_port(0);
-  a.rendezvous.set_prefix(id);
+  a.rendezvous.set_prefix(a.restarts == 0 ? id : absl::StrCat(id, "/r", a.restarts));
   a.rendezvous.set_world_size(static_cast<int>(a.ranks.size()));
   *a.rendezvous.mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
   a.rendezvous.set_backend(a.spec.resources().device() == "cuda" ? "nccl" : "gloo");
@@ -350,13 +411,14 @@ void Scheduler::AssignRank(ActiveJob& a, const Rank& rank) {
   *assign->mutable_plan() = a.plan;
   assign->set_stage(rank.stage);
   assign->set_replica(rank.replica);
+  if (a.resume) assign->mutable_spec()->mutable_checkpoint()->set_resume(true);
   *assign->mutable_rendezvous() = a.rendezvous;
   assign->mutable_rendezvous()->set_rank(rank.rank);
   absl::StatusOr<int64_t> id = registry_->Send(rank.worker_id, m);
   if (!id.ok()) {
-    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
-           absl::StrCat("worker ", rank.worker_id, " disconnected before its assignment"),
-           absl::StatusCode::kUnavailable, true);
+    Recover(a, {rank.worker_id},
+            absl::StrCat("worker ", rank.worker_id,
+                         " disconnected before its assignment"));
     return;
   }
   a.pending_assign[*id] = rank.worker_id;
@@ -398,6 +460,8 @@ void Scheduler::OnWorkerMessage(const std::string& worker_id,
 
 void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
                       const apapo::v1::CommandAck& ack) {
+  // Acks of the stopped attempt's commands (stops, late assignments).
+  if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting) return;
   if (ack.code() != 0) {
     Finish(a.id, apapo::v1::JOB_STATE_FAILED,
            absl::StrCat("worker ", worker_id, ": ", ack.message()),
@@ -441,7 +505,7 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
     const std::string id = a.id;
     for (size_t r = 1; r < a.ranks.size(); ++r) {
       AssignRank(a, a.ranks[r]);
-      if (!active_.count(id)) return;
+      if (!active_.count(id) || a.phase != Phase::kAssigning) return;
     }
   }
   if (a.assigned.size() == a.ranks.size() && a.pending_assign.empty()) {
@@ -455,8 +519,18 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
                       absl::StrCat("training on ", a.ranks.size(),
                                    " rank(s), rendezvous ",
                                    a.rendezvous.store_host(), ":",
-                                   a.rendezvous.store_port()))
+                                   a.rendezvous.store_port(),
+                                   a.resume ? ", resuming from the newest checkpoint" : ""))
         .IgnoreError();
+    if (a.recovering) {
+      // Restarted: a fault from now on is a new one (a job that fails
+      // again before its first step still uses up its restarts).
+      a.recovering = false;
+      a.awaiting_first_step = true;
+      a.restart.set_stages_after(a.plan.stages_size());
+      a.restart.set_workers_after(static_cast<int>(a.ranks.size()));
+      jobs_->UpdateRestart(a.id, a.restart).IgnoreError();
+    }
   }
 }
 
@@ -465,8 +539,13 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
   // The stream the report came on says which worker sent it (stage
   // processes leave worker_id empty): the per-worker series need it, or two
   // replicas of one stage would share their labels.
+  // Reports of the stopped attempt's stages.
+  if (a.phase != Phase::kRunning) return;
   apapo::v1::MetricsReport report = in;
   report.set_worker_id(worker_id);
+  if (a.awaiting_first_step && report.step() > report.resumed_step()) {
+    OnRecovered(a, report);
+  }
   if (observer_ != nullptr) observer_->OnMetrics(a.id, report);
   a.latest[worker_id] = report;
   absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
@@ -514,15 +593,26 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
 
 void Scheduler::OnOutcome(ActiveJob& a, const std::string& worker_id,
                           const apapo::v1::StageOutcome& outcome) {
+  if (a.phase == Phase::kStopping) {
+    // A stopped stage ended: once all have, the job goes on.
+    a.stopping.erase(worker_id);
+    if (a.stopping.empty()) ContinueRecovery(a);
+    return;
+  }
+  if (a.phase != Phase::kRunning) return;
   a.outcomes[worker_id] = outcome;
   if (outcome.final_metrics().job_id() == a.id) {
     OnMetrics(a, worker_id, outcome.final_metrics());
   }
   if (outcome.code() != 0) {
-    Finish(a.id, apapo::v1::JOB_STATE_FAILED,
-           absl::StrCat("stage ", outcome.stage(), " on ", worker_id, ": ",
-                        outcome.message()),
-           static_cast<absl::StatusCode>(outcome.code()), true);
+    const std::string cause = absl::StrCat("stage ", outcome.stage(), " on ",
+                                           worker_id, ": ", outcome.message());
+    if (PeerFault(outcome.code())) {
+      Recover(a, {}, cause);
+    } else {
+      Finish(a.id, apapo::v1::JOB_STATE_FAILED, cause,
+             static_cast<absl::StatusCode>(outcome.code()), true);
+    }
     return;
   }
   if (a.outcomes.size() == a.ranks.size()) {
@@ -544,9 +634,179 @@ void Scheduler::OnWorkerLost(const std::string& worker_id,
   absl::MutexLock lock(&mu_);
   dirty_ = true;
   if (job_id.empty() || !active_.count(job_id)) return;
-  Finish(job_id, apapo::v1::JOB_STATE_FAILED,
-         absl::StrCat("worker ", worker_id, " lost: ", reason),
-         absl::StatusCode::kUnavailable, true);
+  ActiveJob& a = active_[job_id];
+  const std::string cause = absl::StrCat("worker ", worker_id, " lost: ", reason);
+  if (a.phase == Phase::kProfiling) {
+    // Its profile (and the link test with it) will not come; the job has
+    // not trained yet, so there is nothing to resume.
+    Finish(job_id, apapo::v1::JOB_STATE_FAILED, cause,
+           absl::StatusCode::kUnavailable, true);
+    return;
+  }
+  Recover(a, {worker_id}, cause);
+}
+
+void Scheduler::DropWorker(ActiveJob& a, const std::string& worker_id, bool hung) {
+  auto it = std::find(a.workers.begin(), a.workers.end(), worker_id);
+  if (it == a.workers.end()) return;
+  a.workers.erase(it);
+  a.stopping.erase(worker_id);
+  a.profiles.erase(worker_id);
+  if (hung) {
+    // Its stage may still run: it stays reserved (no job, this one
+    // included, gets it) until the job ends.
+    a.held_back.push_back(worker_id);
+  } else {
+    registry_->Release(a.id, {worker_id});
+  }
+}
+
+void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
+                        const std::string& cause) {
+  const std::string id = a.id;
+  if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting) {
+    // The same fault seen again (its stream after its stage's error), or
+    // another one while restarting: one restart, more workers lost.
+    for (const std::string& w : lost) {
+      DropWorker(a, w, /*hung=*/false);
+      a.restart.add_lost_workers(w);
+    }
+    jobs_->UpdateRestart(id, a.restart).IgnoreError();
+    if (a.phase == Phase::kStopping && a.stopping.empty()) ContinueRecovery(a);
+    return;
+  }
+  if (!a.recovering && a.restarts >= MaxRestarts(a.spec)) {
+    Finish(id, apapo::v1::JOB_STATE_FAILED,
+           absl::StrCat(cause, "; not restarted: spec.fault_tolerance.max_restarts (",
+                        MaxRestarts(a.spec), ") used up"),
+           absl::StatusCode::kUnavailable, true);
+    return;
+  }
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(id);
+  if (!a.recovering) {
+    // A new fault: a new restart.
+    ++a.restarts;
+    a.recovering = true;
+    a.awaiting_first_step = false;
+    a.fault_time = clock_->Now();
+    a.restart = apapo::v1::JobRestart();
+    *a.restart.mutable_time() = google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
+        absl::ToUnixNanos(a.fault_time));
+    a.restart.set_cause(cause);
+    a.restart.set_stages_before(a.plan.stages_size());
+    a.restart.set_workers_before(static_cast<int>(a.workers.size()));
+    if (job.ok()) a.restart.set_step_at_fault(job->progress().step());
+    jobs_->BeginRestart(id, a.restart).IgnoreError();
+    if (observer_ != nullptr) observer_->OnJobRestarted(id);
+  }
+  for (const std::string& w : lost) {
+    auto it = std::find(a.workers.begin(), a.workers.end(), w);
+    if (it == a.workers.end()) continue;
+    a.workers.erase(it);
+    a.profiles.erase(w);
+    registry_->Release(id, {w});
+    a.restart.add_lost_workers(w);
+  }
+  // Stop every stage still there. Those that were started end with an
+  // outcome, which is awaited: nothing of this attempt may still train (or
+  // write a checkpoint) when the next one starts.
+  a.stopping.clear();
+  for (const std::string& w : a.workers) {
+    if (a.outcomes.count(w)) continue;  // its stage has ended
+    apapo::v1::CoordinatorMessage m;
+    m.mutable_stop()->set_job_id(id);
+    m.mutable_stop()->set_reason(absl::StrCat("restarting: ", cause));
+    registry_->Send(w, m).IgnoreError();
+    if (a.phase == Phase::kRunning) a.stopping.insert(w);
+  }
+  a.phase = Phase::kStopping;
+  a.deadline = clock_->Now() + options_.stop_timeout;
+  a.plan_attempt = 0;  // a plan being computed is for the old workers
+  a.plan_ready = false;
+  a.ranks.clear();
+  a.pending_assign.clear();
+  a.assigned.clear();
+  a.latest.clear();
+  a.outcomes.clear();
+  a.rendezvous = apapo::v1::Rendezvous();
+  a.resume = !a.spec.checkpoint().directory().empty();
+  jobs_->SetWorkers(id, a.workers).IgnoreError();
+  jobs_->UpdateRestart(id, a.restart).IgnoreError();
+  jobs_->Transition(id, apapo::v1::JOB_STATE_RECOVERING,
+                    absl::StrFormat("restart %d of %d: %s; stopping %d stage(s)",
+                                    a.restarts, MaxRestarts(a.spec), cause,
+                                    a.stopping.size()))
+      .IgnoreError();
+  if (a.stopping.empty()) ContinueRecovery(a);
+}
+
+void Scheduler::ContinueRecovery(ActiveJob& a) {
+  const std::string id = a.id;
+  // Idle matching workers join, up to the job's size.
+  const int want = a.spec.resources().workers() - static_cast<int>(a.workers.size());
+  std::vector<std::string> joined;
+  if (want > 0) {
+    std::map<std::string, std::string> selector(
+        a.spec.resources().worker_selector().begin(),
+        a.spec.resources().worker_selector().end());
+    joined = registry_->ReserveUpTo(id, want, selector);
+  }
+  const int have = static_cast<int>(a.workers.size() + joined.size());
+  const int min_workers = MinWorkers(a.spec);
+  if (have < min_workers) {
+    if (!joined.empty()) registry_->Release(id, joined);  // {} means all
+    if (a.phase != Phase::kWaiting) {
+      a.phase = Phase::kWaiting;
+      a.wait_deadline = clock_->Now() + ReplacementWait(a.spec);
+      jobs_->RecordEvent(
+               id, absl::StrFormat(
+                       "waiting for capacity: %d worker(s) left, "
+                       "spec.fault_tolerance.min_workers is %d; waiting up to %s "
+                       "for idle matching workers",
+                       have, min_workers,
+                       absl::FormatDuration(ReplacementWait(a.spec))))
+          .IgnoreError();
+    }
+    return;
+  }
+  a.workers.insert(a.workers.end(), joined.begin(), joined.end());
+  jobs_->SetWorkers(id, a.workers).IgnoreError();
+  if (joined.empty()) {
+    // Everyone left has profiled this model: plan from those profiles.
+    a.phase = Phase::kProfiling;
+    a.plan_ready = true;
+    dirty_ = true;
+    jobs_->RecordEvent(id, absl::StrCat("re-planning on ", absl::StrJoin(a.workers, ", "),
+                                        " from their profiles"))
+        .IgnoreError();
+    return;
+  }
+  if (!jobs_->Transition(id, apapo::v1::JOB_STATE_PROFILING,
+                         absl::StrCat(absl::StrJoin(joined, ", "),
+                                      " joined; profiling on ",
+                                      absl::StrJoin(a.workers, ", ")))
+           .ok()) {
+    return;
+  }
+  StartProfiling(a);
+}
+
+void Scheduler::OnRecovered(ActiveJob& a, const apapo::v1::MetricsReport& report) {
+  a.awaiting_first_step = false;
+  const double seconds = absl::ToDoubleSeconds(clock_->Now() - a.fault_time);
+  a.restart.set_resumed_step(report.resumed_step());
+  a.restart.set_seconds_lost(seconds);
+  jobs_->UpdateRestart(a.id, a.restart).IgnoreError();
+  jobs_->RecordEvent(
+           a.id, absl::StrFormat(
+                     "restart %d: training again from step %d (the fault came at "
+                     "step %d), %d -> %d stage(s) on %d worker(s), %.1f s after the "
+                     "fault",
+                     a.restarts, a.restart.resumed_step(), a.restart.step_at_fault(),
+                     a.restart.stages_before(), a.restart.stages_after(),
+                     a.restart.workers_after(), seconds))
+      .IgnoreError();
+  if (observer_ != nullptr) observer_->OnJobRecovered(a.id, seconds);
 }
 
 void Scheduler::OnCancelled(const apapo::v1::Job& job) {
@@ -562,6 +822,7 @@ void Scheduler::OnCancelled(const apapo::v1::Job& job) {
     registry_->Send(w, m).IgnoreError();
   }
   registry_->Release(job.id(), it->second.workers);
+  if (!it->second.held_back.empty()) registry_->Release(job.id(), it->second.held_back);
   active_.erase(it);
   if (observer_ != nullptr) observer_->OnJobEnded(job.id());
 }
@@ -586,10 +847,47 @@ void Scheduler::CheckDeadlines() {
     Finish(id, apapo::v1::JOB_STATE_FAILED, message,
            absl::StatusCode::kDeadlineExceeded, true);
   }
+  // Restarting jobs: stages that did not end in time are left out (their
+  // workers may be hung); a job short of workers looks for idle ones.
+  std::vector<std::string> restarting;
+  for (const auto& [id, a] : active_) {
+    if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting) restarting.push_back(id);
+  }
+  for (const std::string& id : restarting) {
+    ActiveJob& a = active_[id];
+    if (a.phase == Phase::kStopping) {
+      if (now <= a.deadline) continue;
+      const std::vector<std::string> hung(a.stopping.begin(), a.stopping.end());
+      for (const std::string& w : hung) DropWorker(a, w, /*hung=*/true);
+      jobs_->RecordEvent(id, absl::StrCat("left out ", absl::StrJoin(hung, ", "),
+                                          ": its stage did not end within ",
+                                          absl::FormatDuration(options_.stop_timeout),
+                                          " of its stop"))
+          .IgnoreError();
+      ContinueRecovery(a);
+      continue;
+    }
+    ContinueRecovery(a);
+    if (active_.count(id) && a.phase == Phase::kWaiting && now > a.wait_deadline) {
+      Finish(id, apapo::v1::JOB_STATE_FAILED,
+             absl::StrFormat("%s; only %d worker(s) left%s%s and no idle matching "
+                             "worker came within spec.fault_tolerance."
+                             "replacement_wait (%s); min_workers is %d",
+                             a.restart.cause(), a.workers.size(),
+                             a.workers.empty() ? "" : ": ",
+                             absl::StrJoin(a.workers, ", "),
+                             absl::FormatDuration(ReplacementWait(a.spec)),
+                             MinWorkers(a.spec)),
+             absl::StatusCode::kUnavailable, true);
+    }
+  }
   std::vector<std::string> late;
   for (const auto& [id, a] : active_) {
     // A plan being computed is not timed: it is checked when it comes back.
-    if (a.phase == Phase::kRunning || a.plan_attempt != 0) continue;
+    if (a.phase == Phase::kRunning || a.phase == Phase::kStopping ||
+        a.phase == Phase::kWaiting || a.plan_attempt != 0) {
+      continue;
+    }
     if (now > a.deadline) late.push_back(id);
   }
   for (const std::string& id : late) {
@@ -626,6 +924,7 @@ void Scheduler::Finish(const std::string& job_id_ref, JobState state,
     }
   }
   registry_->Release(job_id, it->second.workers);
+  if (!it->second.held_back.empty()) registry_->Release(job_id, it->second.held_back);
   active_.erase(it);
   dirty_ = true;
   if (observer_ != nullptr) observer_->OnJobEnded(job_id);

@@ -18,6 +18,19 @@
 //              limits.max_duration: the others are stopped and every
 //              worker is released, never left hung
 //   CANCELLED  (JobManager::Cancel) the stages are stopped, workers released
+//   RECOVERING a worker of a job past profiling was lost, or a stage failed
+//              because a peer did (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED,
+//              CANCELLED not asked for), and spec.fault_tolerance allows a
+//              restart: every other stage is stopped and its end awaited
+//              (at most stop_timeout; a worker whose stage does not end is
+//              left out), idle matching workers join up to the job's size,
+//              and the job goes back to PLANNING on the survivors' cached
+//              profiles (PROFILING when workers joined), its assignments
+//              resuming from the newest complete checkpoint. With fewer
+//              than min_workers it waits for capacity up to
+//              replacement_wait, then fails saying so. One fault that
+//              shows several ways (a dead peer's stage errors, then its
+//              stream) is one restart.
 //
 // Events come from the workers' streams (OnWorkerMessage), the registry
 // (OnWorkerLost) and the JobManager (OnCancelled); they only update state
@@ -65,6 +78,15 @@ struct SchedulerOptions {
   // How often the scheduler's thread re-checks the queue and deadlines
   // when nothing wakes it.
   absl::Duration tick = absl::Milliseconds(200);
+  // How long a restart waits for the surviving stages to end after their
+  // stop (they are killed after the daemon's grace period).
+  absl::Duration stop_timeout = absl::Seconds(30);
+  // Every job without a checkpoint directory of its own checkpoints into
+  // <checkpoint_root>/<job id> (empty: such jobs do not checkpoint, and a
+  // restart starts from the beginning).
+  std::string checkpoint_root;
+  // Steps between checkpoints for a job that sets none.
+  int64_t checkpoint_every_steps = 200;
 };
 
 // Observes what the scheduler sees, for metrics export.
@@ -75,6 +97,11 @@ class SchedulerObserver {
                          const apapo::v1::MetricsReport& report) = 0;
   // The job ended (any final state); it reports nothing more.
   virtual void OnJobEnded(const std::string& job_id) {}
+  // A fault restarts the job: its stages start over (their running
+  // totals begin again at 0).
+  virtual void OnJobRestarted(const std::string& job_id) {}
+  // The restarted job trained its first step, `seconds` after the fault.
+  virtual void OnJobRecovered(const std::string& job_id, double seconds) {}
 };
 
 class Scheduler : public WorkerMessageListener {
@@ -106,7 +133,14 @@ class Scheduler : public WorkerMessageListener {
   void RunOnce();
 
  private:
-  enum class Phase { kProfiling, kPlanning, kAssigning, kRunning };
+  enum class Phase {
+    kProfiling,
+    kPlanning,
+    kAssigning,
+    kRunning,
+    kStopping,  // restarting: waiting for the surviving stages to end
+    kWaiting,   // restarting: waiting for enough workers
+  };
   struct Rank {
     std::string worker_id;
     int stage = 0;
@@ -135,6 +169,19 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::Rendezvous rendezvous;
     std::map<std::string, apapo::v1::MetricsReport> latest;  // per worker
     std::map<std::string, apapo::v1::StageOutcome> outcomes;
+    // Fault tolerance. `recovering` from a fault until the job runs again,
+    // then `awaiting_first_step` until it trained a step; `restart` is that
+    // restart's record.
+    bool recovering = false;
+    bool awaiting_first_step = false;
+    bool resume = false;  // assignments resume from the checkpoint
+    int restarts = 0;
+    absl::Time fault_time;
+    apapo::v1::JobRestart restart;
+    std::set<std::string> stopping;  // kStopping: stages not ended yet
+    // Left out because their stage did not end: still reserved.
+    std::vector<std::string> held_back;
+    absl::Time wait_deadline;        // kWaiting: end of the wait
   };
 
   // What the planner needs for one job, copied out under mu_ so that it
@@ -186,6 +233,22 @@ class Scheduler : public WorkerMessageListener {
   void Finish(const std::string& job_id, apapo::v1::JobState state,
               const std::string& message, absl::StatusCode code,
               bool stop_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the profiling of a.workers (link test first with several).
+  void StartProfiling(ActiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fault: `lost` (may be empty) are gone, `cause` says what happened.
+  // Restarts the job if its policy allows (see the header comment),
+  // otherwise fails it.
+  void Recover(ActiveJob& a, const std::vector<std::string>& lost,
+               const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every stage has ended: take idle workers, then plan, profile or wait.
+  void ContinueRecovery(ActiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `worker_id` from a job that is restarting: released when lost,
+  // held back (reserved until the job ends) when `hung`.
+  void DropWorker(ActiveJob& a, const std::string& worker_id, bool hung)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first step after a restart: completes its record.
+  void OnRecovered(ActiveJob& a, const apapo::v1::MetricsReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ActiveJob* FindByWorker(const std::string& worker_id,
                           const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

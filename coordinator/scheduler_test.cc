@@ -17,7 +17,8 @@ using ::testing::HasSubstr;
 using apapo::v1::CoordinatorMessage;
 using apapo::v1::WorkerMessage;
 
-// Two stages, one replica each, on the first two workers of the cluster.
+// Two stages, one replica each, on the first two workers of the cluster
+// (one stage when the cluster has one worker).
 class FakePlanner : public planning::Planner {
  public:
   absl::StatusOr<apapo::v1::Plan> MakePlan(
@@ -31,11 +32,12 @@ class FakePlanner : public planning::Planner {
     if (!error.ok()) return error;
     apapo::v1::Plan plan;
     plan.set_model(profile.model());
-    for (int s = 0; s < 2; ++s) {
+    const int stages = std::min(2, cluster.workers_size());
+    for (int s = 0; s < stages; ++s) {
       auto* st = plan.add_stages();
       st->set_index(s);
       st->set_replicas(1);
-      st->add_node_ids(s == 0 ? "fc1" : "fc2");
+      st->add_node_ids(stages == 1 ? "fc1,fc2" : s == 0 ? "fc1" : "fc2");
       st->add_placement()->set_worker_id(cluster.workers(s).worker_id());
     }
     plan.mutable_prediction()->set_samples_per_second(100);
@@ -114,6 +116,10 @@ class SchedulerTest : public ::testing::Test {
              limits { epochs: 1 })pb",
         &spec));
     spec.mutable_resources()->set_workers(workers);
+    if (max_restarts_ >= 0) {
+      spec.mutable_fault_tolerance()->set_max_restarts(max_restarts_);
+    }
+    if (min_workers_ > 0) spec.mutable_fault_tolerance()->set_min_workers(min_workers_);
     if (max_duration > absl::ZeroDuration()) {
       spec.mutable_limits()->mutable_max_duration()->set_seconds(
           absl::ToInt64Seconds(max_duration));
@@ -208,13 +214,22 @@ class SchedulerTest : public ::testing::Test {
     return id;
   }
 
+  static SchedulerOptions Options() {
+    SchedulerOptions o;
+    o.checkpoint_root = "/var/lib/apapo/checkpoints";
+    return o;
+  }
+
+  // spec.fault_tolerance of the jobs Submit makes (-1 / 0: unset).
+  int max_restarts_ = -1;
+  int min_workers_ = 0;
   absl::Notification gate_;
   MemoryJobStore store_;
   FakeClock clock_;
   JobManager jobs_{&store_, &clock_};
   WorkerRegistry registry_{&clock_, absl::Seconds(1)};
   FakePlanner planner_;
-  Scheduler scheduler_{&jobs_, &registry_, &planner_, &clock_, SchedulerOptions()};
+  Scheduler scheduler_{&jobs_, &registry_, &planner_, &clock_, Options()};
   std::map<std::string, std::shared_ptr<WorkerSession>> sessions_;
 };
 
@@ -275,17 +290,21 @@ TEST_F(SchedulerTest, WaitsForWorkersThenRunsWhenOneJoins) {
 }
 
 TEST_F(SchedulerTest, LostWorkerFailsTheJobNamingItAndFreesTheOthers) {
+  max_restarts_ = 0;  // the fault fails the job
   std::string id = StartRunningJob();
   registry_.Disconnect(*sessions_["w-2"], "stream closed");
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
-  EXPECT_EQ(job->error(), "worker w-2 lost: stream closed");
+  EXPECT_EQ(job->error(),
+            "worker w-2 lost: stream closed; not restarted: "
+            "spec.fault_tolerance.max_restarts (0) used up");
   EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_TRUE(Next("w-1").has_stop());
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
 }
 
 TEST_F(SchedulerTest, StageFailureStopsEveryStage) {
+  max_restarts_ = 0;  // the fault fails the job
   std::string id = StartRunningJob();
   WorkerMessage failed;
   failed.mutable_outcome()->set_job_id(id);
@@ -295,7 +314,9 @@ TEST_F(SchedulerTest, StageFailureStopsEveryStage) {
   scheduler_.OnWorkerMessage("w-1", failed);
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
-  EXPECT_EQ(job->error(), "stage 0 on w-1: recv from rank 1 timed out after 60s");
+  EXPECT_EQ(job->error(),
+            "stage 0 on w-1: recv from rank 1 timed out after 60s; not restarted: "
+            "spec.fault_tolerance.max_restarts (0) used up");
   EXPECT_TRUE(Next("w-2").has_stop());
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 2);
 }
@@ -563,6 +584,7 @@ TEST_F(SchedulerTest, CancelWhilePlanningDiscardsTheLatePlan) {
 }
 
 TEST_F(SchedulerTest, WorkerLostWhilePlanningFailsTheJobAndDiscardsThePlan) {
+  max_restarts_ = 0;  // the fault fails the job
   planner_.gate = &gate_;
   std::string id = ProfiledJob();
   {
@@ -577,10 +599,232 @@ TEST_F(SchedulerTest, WorkerLostWhilePlanningFailsTheJobAndDiscardsThePlan) {
   }
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
-  EXPECT_EQ(job->error(), "worker w-2 lost: stream closed");
+  EXPECT_THAT(job->error(), HasSubstr("worker w-2 lost: stream closed"));
   EXPECT_TRUE(Next("w-1").has_stop());
   EXPECT_FALSE(HasCommand("w-1"));  // no assignment after the stop
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+}
+
+// ---- restarts after faults (spec.fault_tolerance) ----
+
+void SendOutcome(Scheduler& scheduler, const std::string& worker, const std::string& job,
+                 absl::StatusCode code, const std::string& message = "") {
+  WorkerMessage m;
+  m.mutable_outcome()->set_job_id(job);
+  m.mutable_outcome()->set_code(static_cast<int>(code));
+  m.mutable_outcome()->set_message(message);
+  scheduler.OnWorkerMessage(worker, m);
+}
+
+void SendMetrics(Scheduler& scheduler, const std::string& worker, const std::string& job,
+                 int stage, int64_t step, int64_t resumed_step = 0) {
+  WorkerMessage m;
+  m.mutable_metrics()->set_job_id(job);
+  m.mutable_metrics()->set_step(step);
+  m.mutable_metrics()->set_resumed_step(resumed_step);
+  m.mutable_metrics()->mutable_stage()->set_stage(stage);
+  scheduler.OnWorkerMessage(worker, m);
+}
+
+TEST_F(SchedulerTest, JobsCheckpointByDefaultIntoAFolderOfTheirOwn) {
+  std::string id = ProfiledJob();
+  scheduler_.RunOnce();
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  EXPECT_EQ(a0.assign().spec().checkpoint().directory(),
+            "/var/lib/apapo/checkpoints/" + id);
+  EXPECT_EQ(a0.assign().spec().checkpoint().every_steps(),
+            SchedulerOptions().checkpoint_every_steps);
+  EXPECT_FALSE(a0.assign().spec().checkpoint().resume());  // a first run
+}
+
+TEST_F(SchedulerTest, LostWorkerReplansOnTheSurvivorFromItsProfileAndResumes) {
+  std::string id = StartRunningJob();
+  SendMetrics(scheduler_, "w-2", id, 1, 340);
+  clock_.Advance(absl::Seconds(1));
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job->restarts(), 1);
+  ASSERT_EQ(job->restart_history_size(), 1);
+  EXPECT_EQ(job->restart_history(0).cause(), "worker w-2 lost: stream closed");
+  EXPECT_EQ(job->restart_history(0).step_at_fault(), 340);
+  EXPECT_EQ(job->restart_history(0).lost_workers(0), "w-2");
+  CoordinatorMessage stop = Next("w-1");
+  ASSERT_TRUE(stop.has_stop());
+  EXPECT_THAT(stop.stop().reason(), HasSubstr("restarting: worker w-2 lost"));
+  // Nothing is planned until the surviving stage has ended.
+  scheduler_.RunOnce();
+  EXPECT_FALSE(HasCommand("w-1"));
+  SendMetrics(scheduler_, "w-1", id, 0, 345);  // the old stage's last report: ignored
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled, "stage 0 stopped");
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RECOVERING);
+  scheduler_.RunOnce();  // plans on w-1 alone, from its profile
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 1);
+  EXPECT_EQ(planner_.seen_cluster.workers(0).worker_id(), "w-1");
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  EXPECT_TRUE(a0.assign().spec().checkpoint().resume());
+  EXPECT_EQ(a0.assign().rendezvous().world_size(), 1);
+  EXPECT_EQ(a0.assign().rendezvous().prefix(), id + "/r1");
+  Ack("w-1", a0.command_id(), 6000);
+  EXPECT_TRUE(Next("w-1").has_start());
+  job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job->restart_history(0).stages_before(), 2);
+  EXPECT_EQ(job->restart_history(0).stages_after(), 1);
+  EXPECT_EQ(job->restart_history(0).workers_after(), 1);
+  EXPECT_EQ(job->restart_history(0).seconds_lost(), 0);  // not trained yet
+  clock_.Advance(absl::Seconds(4));
+  SendMetrics(scheduler_, "w-1", id, 0, 250, 200);
+  job = jobs_.Get(id);
+  EXPECT_EQ(job->restart_history(0).resumed_step(), 200);
+  EXPECT_DOUBLE_EQ(job->restart_history(0).seconds_lost(), 4);
+  EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("training again from step 200 (the fault came at step 340), "
+                        "2 -> 1 stage(s)"));
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kOk);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(SchedulerTest, AnIdleWorkerJoinsARestartAndIsProfiledFirst) {
+  std::string id = StartRunningJob();
+  AddWorker("w-3");
+  registry_.Disconnect(*sessions_["w-2"], "heartbeat timeout");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kUnavailable, "peer gone");
+  // w-3 took w-2's place: both profile (their link is unmeasured).
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_PROFILING);
+  EXPECT_THAT(job->worker_ids(), ::testing::ElementsAre("w-1", "w-3"));
+  CoordinatorMessage p0 = Next("w-1");
+  ASSERT_TRUE(p0.has_profile());
+  EXPECT_EQ(p0.profile().rendezvous().prefix(), id + "/r1/profile");
+  Ack("w-1", p0.command_id(), 6001);
+  EXPECT_TRUE(Next("w-3").has_profile());
+  Profile("w-1", id, 1.0);
+  Profile("w-3", id, 1.0);
+  scheduler_.RunOnce();
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  EXPECT_TRUE(a0.assign().spec().checkpoint().resume());
+  EXPECT_EQ(a0.assign().rendezvous().world_size(), 2);
+}
+
+TEST_F(SchedulerTest, APeerFaultInAStageRestartsButAJobErrorFails) {
+  std::string id = StartRunningJob();
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kDeadlineExceeded,
+              "recv from rank 1 timed out after 60s");
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job->restart_history(0).cause(),
+            "stage 0 on w-1: recv from rank 1 timed out after 60s");
+  EXPECT_TRUE(Next("w-2").has_stop());
+  EXPECT_FALSE(HasCommand("w-1"));  // its stage has ended already: no stop
+  // The peer's stream breaks too: the same fault, one restart.
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  job = jobs_.Get(id);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_THAT(job->restart_history(0).lost_workers(), ::testing::ElementsAre("w-2"));
+  scheduler_.RunOnce();
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  Ack("w-1", a0.command_id(), 6000);
+  EXPECT_TRUE(Next("w-1").has_start());
+  // A deterministic error of the job is not retried.
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kInvalidArgument,
+              "node fc1: shape mismatch");
+  job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(), "stage 0 on w-1: node fc1: shape mismatch");
+}
+
+TEST_F(SchedulerTest, RestartsEndAtMaxRestarts) {
+  max_restarts_ = 1;
+  std::string id = StartRunningJob();
+  AddWorker("w-3");
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled);
+  // w-3 (idle) joins; profile and plan.
+  CoordinatorMessage p0 = Next("w-1");
+  Ack("w-1", p0.command_id(), 6001);
+  Next("w-3");
+  Profile("w-1", id, 1.0);
+  Profile("w-3", id, 1.0);
+  scheduler_.RunOnce();
+  CoordinatorMessage a0 = Next("w-1");
+  Ack("w-1", a0.command_id(), 6000);
+  CoordinatorMessage a1 = Next("w-3");
+  Ack("w-3", a1.command_id());
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  registry_.Disconnect(*sessions_["w-3"], "stream closed");
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(),
+            "worker w-3 lost: stream closed; not restarted: "
+            "spec.fault_tolerance.max_restarts (1) used up");
+  EXPECT_EQ(job->restarts(), 1);
+}
+
+TEST_F(SchedulerTest, TooFewWorkersWaitsForCapacityThenFailsSayingWhy) {
+  min_workers_ = 2;
+  std::string id = StartRunningJob();
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("waiting for capacity: 1 worker(s) left, "
+                        "spec.fault_tolerance.min_workers is 2; waiting up to 5m"));
+  clock_.Advance(absl::Minutes(4));
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RECOVERING);
+  clock_.Advance(absl::Minutes(2));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(),
+            "worker w-2 lost: stream closed; only 1 worker(s) left: w-1 and no idle "
+            "matching worker came within spec.fault_tolerance.replacement_wait (5m); "
+            "min_workers is 2");
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+}
+
+TEST_F(SchedulerTest, AWaitingJobTakesAWorkerThatRegisters) {
+  min_workers_ = 2;
+  std::string id = StartRunningJob();
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  Next("w-1");
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled);
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RECOVERING);
+  AddWorker("w-4");
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_PROFILING);
+  EXPECT_THAT(job->worker_ids(), ::testing::ElementsAre("w-1", "w-4"));
+}
+
+TEST_F(SchedulerTest, AStageThatDoesNotStopIsLeftOut) {
+  std::string id = StartRunningJob();
+  AddWorker("w-3");
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kUnavailable, "peer reset");
+  EXPECT_TRUE(Next("w-2").has_stop());
+  // w-2 never reports its stage's end.
+  clock_.Advance(SchedulerOptions().stop_timeout + absl::Seconds(1));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_THAT(job->worker_ids(), ::testing::ElementsAre("w-1", "w-3"));
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_PROFILING);
+  bool said = false;
+  const auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
+  ASSERT_TRUE(change.ok());
+  for (const auto& e : change->events) {
+    said |= absl::StrContains(e.message(), "left out w-2: its stage did not end within 30s");
+  }
+  EXPECT_TRUE(said);
 }
 
 }  // namespace

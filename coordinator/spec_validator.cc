@@ -424,6 +424,20 @@ void ValidateLimits(Problems& p, const apapo::v1::Limits& limits) {
   }
 }
 
+void ValidateFaultTolerance(Problems& p, const JobSpec& spec) {
+  const auto& f = spec.fault_tolerance();
+  CheckRange(p, "spec.fault_tolerance.max_restarts", f.max_restarts(), 0, 1000);
+  if (f.has_min_workers()) {
+    CheckRange(p, "spec.fault_tolerance.min_workers", f.min_workers(), 1,
+               std::max(1, spec.resources().workers()));
+  }
+  if (f.has_replacement_wait() &&
+      (f.replacement_wait().seconds() < 0 || f.replacement_wait().nanos() < 0 ||
+       f.replacement_wait().seconds() > 7 * 24 * 3600)) {
+    p.Add("spec.fault_tolerance.replacement_wait", "must be within 0..7 days");
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& BuiltinModelNames() {
@@ -454,6 +468,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   ValidateOptimizer(p, spec.optimizer());
   ValidateScheduleAndResources(p, spec);
   ValidateLimits(p, spec.limits());
+  ValidateFaultTolerance(p, spec);
   CheckRange(p, "spec.checkpoint.every_steps", spec.checkpoint().every_steps(),
              0, kMaxCount);
   if (spec.checkpoint().resume() && spec.checkpoint().directory().empty()) {

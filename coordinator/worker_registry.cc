@@ -258,22 +258,42 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
     const std::string& job_id, int count,
     const std::map<std::string, std::string>& selector) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> chosen;
-  for (const auto& [order, id] : idle_) {
-    if (static_cast<int>(chosen.size()) == count) break;
-    if (Matches(workers_.at(id).status.info(), selector)) chosen.push_back(id);
-  }
+  std::vector<std::string> chosen = MatchingIdleLocked(count, selector);
   if (static_cast<int>(chosen.size()) < count) {
     return absl::ResourceExhaustedError(absl::StrCat(
         job_id, " needs ", count, " idle worker(s), ", chosen.size(),
         " available"));
   }
-  for (const std::string& id : chosen) {
+  TakeLocked(job_id, chosen);
+  return chosen;
+}
+
+std::vector<std::string> WorkerRegistry::ReserveUpTo(
+    const std::string& job_id, int max_count,
+    const std::map<std::string, std::string>& selector) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> chosen = MatchingIdleLocked(max_count, selector);
+  TakeLocked(job_id, chosen);
+  return chosen;
+}
+
+std::vector<std::string> WorkerRegistry::MatchingIdleLocked(
+    int max_count, const std::map<std::string, std::string>& selector) {
+  std::vector<std::string> chosen;
+  for (const auto& [order, id] : idle_) {
+    if (static_cast<int>(chosen.size()) >= max_count) break;
+    if (Matches(workers_.at(id).status.info(), selector)) chosen.push_back(id);
+  }
+  return chosen;
+}
+
+void WorkerRegistry::TakeLocked(const std::string& job_id,
+                                const std::vector<std::string>& worker_ids) {
+  for (const std::string& id : worker_ids) {
     Entry& entry = workers_.at(id);
     SetStateLocked(entry, apapo::v1::WORKER_STATE_BUSY);
     entry.status.set_job_id(job_id);
   }
-  return chosen;
 }
 
 void WorkerRegistry::Release(const std::string& job_id,

@@ -162,6 +162,10 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<std::string>> Reserve(
       const std::string& job_id, int count,
       const std::map<std::string, std::string>& selector);
+  // Takes up to `max_count` idle workers matching `selector` (maybe none).
+  std::vector<std::string> ReserveUpTo(
+      const std::string& job_id, int max_count,
+      const std::map<std::string, std::string>& selector);
   // Returns the job's workers (or just `worker_ids` of them) to idle.
   void Release(const std::string& job_id,
                const std::vector<std::string>& worker_ids = {});
@@ -205,6 +209,14 @@ class WorkerRegistry {
   std::function<void()> MarkLostLocked(Entry& entry, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   apapo::v1::WorkerStatus StatusOf(const Entry& entry) const;
+  // Up to `max_count` idle workers matching `selector`, in registration
+  // order; TakeLocked reserves them for `job_id`.
+  std::vector<std::string> MatchingIdleLocked(
+      int max_count, const std::map<std::string, std::string>& selector)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void TakeLocked(const std::string& job_id,
+                  const std::vector<std::string>& worker_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule(absl::Time when, std::shared_ptr<WorkerSession> session);
 
   // Constant after construction.

@@ -124,6 +124,7 @@ class WorkerDaemon::Session {
           Ack(id, s);
           break;
         }
+        runner_->PrepareAssignment(assign.job_id());
         int port = 0;
         absl::Status status;
         if (assign.rendezvous().store_port() == 0) {

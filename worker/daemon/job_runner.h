@@ -48,6 +48,11 @@ class JobRunner {
 
   // Stops the job's Profile/Train as soon as possible.
   virtual void Stop(const std::string& job_id) = 0;
+
+  // A new assignment of `job_id` came (the coordinator restarted the job
+  // after a fault): a Stop that arrived before it, when nothing of the job
+  // ran here, is forgotten, so that it does not cancel the new Train.
+  virtual void PrepareAssignment(const std::string& job_id) {}
 };
 
 }  // namespace apapo::worker

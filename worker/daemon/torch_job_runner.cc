@@ -172,6 +172,11 @@ absl::StatusOr<int> TorchJobRunner::HostRendezvous(const std::string& job_id) {
   return port;
 }
 
+void TorchJobRunner::PrepareAssignment(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  early_stops_.erase(job_id);
+}
+
 bool TorchJobRunner::TakeEarlyStop(const std::string& job_id) {
   const absl::Time now = absl::Now();
   for (auto it = early_stops_.begin(); it != early_stops_.end();) {

@@ -24,7 +24,9 @@
 //   Stop            SIGTERM to the child, SIGKILL after `stop_grace`; Train
 //                   then returns CANCELLED "stage S stopped: ...". A Stop
 //                   that arrives just before its Train starts (within
-//                   `stop_memory`) cancels that Train.
+//                   `stop_memory`) cancels that Train, unless a new
+//                   assignment of the job came in between
+//                   (PrepareAssignment: the job was restarted).
 //
 // A child that dies by a signal or exits non-zero without reporting a status
 // makes Train fail with an error naming the stage and the exit cause.
@@ -75,6 +77,7 @@ class TorchJobRunner : public JobRunner {
                      const MetricsCallback& report,
                      apapo::v1::MetricsReport* final_metrics) override;
   void Stop(const std::string& job_id) override;
+  void PrepareAssignment(const std::string& job_id) override;
 
  private:
   // A running stage child.
