@@ -110,6 +110,9 @@ absl::Status Coordinator::StartServing() {
   scheduler_ = std::make_unique<Scheduler>(jobs_.get(), registry_.get(),
                                            planner_, clock_, options_.scheduler,
                                            metrics_.get());
+  // Jobs that were running when the previous coordinator stopped train on:
+  // their workers' registrations are expected from here on.
+  scheduler_->AdoptRunningJobs();
   jobs_->SetCancelHook(
       [this](const apapo::v1::Job& job) { scheduler_->OnCancelled(job); });
   registry_->SetLostHook([this](const std::string& worker,
@@ -137,9 +140,9 @@ absl::Status Coordinator::StartServing() {
       std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get());
   worker_service_->RequireWorkerCertificates(options_.tls.enabled());
   worker_service_->SetAccessPolicy(access_.get());
-  worker_service_->SetRegisterHook([this](const std::string& worker) {
-    metrics_->OnWorkerRegistered(worker);
-    scheduler_->Wake();
+  worker_service_->SetRegisterHook([this](const apapo::v1::WorkerInfo& info) {
+    metrics_->OnWorkerRegistered(info.worker_id());
+    scheduler_->OnWorkerRegistered(info);
   });
   server_ = std::make_unique<CoordinatorServer>(
       std::vector<grpc::Service*>{job_service_.get(), worker_service_.get()},

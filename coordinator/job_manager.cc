@@ -138,6 +138,14 @@ absl::Status JobManager::Recover() {
   }
   for (auto& [id, entry] : jobs_) {
     JobState s = entry.job.state();
+    if (s == apapo::v1::JOB_STATE_RUNNING && entry.has_plan) {
+      // Its stages train on without a coordinator: the scheduler adopts
+      // them as their workers register again (Scheduler::AdoptRunningJobs).
+      absl::Status st = AddEventLocked(
+          entry, "coordinator restarted; adopting the stages still training");
+      if (!st.ok()) return st;
+      continue;
+    }
     if (!IsTerminal(s) && s != apapo::v1::JOB_STATE_QUEUED) {
       absl::Status st = TransitionLocked(
           entry, apapo::v1::JOB_STATE_FAILED,
@@ -361,10 +369,14 @@ absl::Status JobManager::UpdateProgress(const std::string& job_id,
 }
 
 std::vector<std::string> JobManager::QueuedJobs() {
+  return JobsIn(apapo::v1::JOB_STATE_QUEUED);
+}
+
+std::vector<std::string> JobManager::JobsIn(apapo::v1::JobState state) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
   for (const auto& [id, entry] : jobs_) {
-    if (entry.job.state() == apapo::v1::JOB_STATE_QUEUED) out.push_back(id);
+    if (entry.job.state() == state) out.push_back(id);
   }
   return out;
 }

@@ -63,9 +63,11 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Loads stored jobs. Jobs that were active (profiling, planning, running)
-  // when the previous coordinator stopped are failed with UNAVAILABLE, since
-  // their workers were told nothing; queued jobs stay queued.
+  // Loads stored jobs. RUNNING jobs stay RUNNING: their stages train on
+  // without a coordinator, and the scheduler adopts them
+  // (Scheduler::AdoptRunningJobs). Jobs that were profiling, planning or
+  // recovering are failed with UNAVAILABLE, since their workers were
+  // waiting on the coordinator that stopped; queued jobs stay queued.
   absl::Status Recover();
 
   // Validates `spec` (INVALID_ARGUMENT naming the field), including that
@@ -124,6 +126,8 @@ class JobManager {
 
   // Ids of queued jobs, oldest first.
   std::vector<std::string> QueuedJobs();
+  // Ids of the jobs in `state`, oldest first.
+  std::vector<std::string> JobsIn(apapo::v1::JobState state);
 
   // Number of jobs in each state (for metrics).
   std::map<apapo::v1::JobState, int> CountByState();

@@ -185,6 +185,23 @@ TEST_F(JobManagerTest, RecoverKeepsHistoryFailsActiveJobsAndContinuesIds) {
   EXPECT_EQ(restarted.Submit(ValidSpec())->id(), "job-000003");
 }
 
+TEST_F(JobManagerTest, RecoverKeepsRunningJobsWithAPlanForAdoption) {
+  auto running = jobs_.Submit(ValidSpec());
+  for (auto state : {apapo::v1::JOB_STATE_PROFILING, apapo::v1::JOB_STATE_PLANNING}) {
+    ASSERT_TRUE(jobs_.Transition(running->id(), state, "s").ok());
+  }
+  ASSERT_TRUE(jobs_.SetPlan(running->id(), apapo::v1::GetPlanResponse()).ok());
+  ASSERT_TRUE(jobs_.Transition(running->id(), apapo::v1::JOB_STATE_RUNNING, "r").ok());
+  JobManager restarted(&store_, &clock_);
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.Get(running->id())->state(), apapo::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(restarted.JobsIn(apapo::v1::JOB_STATE_RUNNING),
+            std::vector<std::string>{running->id()});
+  auto change = restarted.WaitForChange(running->id(), -1, 0, absl::InfinitePast());
+  EXPECT_THAT(change->events.back().message(),
+              HasSubstr("adopting the stages still training"));
+}
+
 TEST_F(JobManagerTest, ProgressIsVisibleAtOnceAndSavedInOneTransactionPerBatch) {
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) ids.push_back(jobs_.Submit(ValidSpec())->id());

@@ -59,7 +59,7 @@ ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60),
           "Timeout of every blocking transfer between stages.");
 ABSL_FLAG(std::string, checkpoint_root, "/var/lib/apapo/checkpoints",
           "Every job that names no checkpoint folder checkpoints into "
-          "<checkpoint_root>/<job id>, from which it restarts after a fault. "
+          "<checkpoint_root>/<job id>.<submit time>, from which it restarts after a fault. "
           "Every worker must read and write it (one machine's disk, or a "
           "volume all workers mount) and it must lie under their "
           "--data_roots. Empty: such jobs do not checkpoint.");

@@ -161,23 +161,119 @@ void Scheduler::AdmitQueued() {
       active_.erase(id);
       continue;
     }
-    // Checkpoints are on by default, so that a fault costs at most one
-    // interval: into a folder of the job's own under the root.
-    apapo::v1::CheckpointSpec& checkpoint = *a.spec.mutable_checkpoint();
-    if (checkpoint.directory().empty() && !options_.checkpoint_root.empty()) {
-      checkpoint.set_directory(absl::StrCat(options_.checkpoint_root, "/", id));
-    }
-    if (!checkpoint.directory().empty()) {
-      if (checkpoint.every_steps() <= 0) {
-        checkpoint.set_every_steps(options_.checkpoint_every_steps);
-      }
-      jobs_->RecordEvent(id, absl::StrCat("checkpoints every ",
-                                          checkpoint.every_steps(), " steps in ",
-                                          checkpoint.directory()))
-          .IgnoreError();
-    }
+    const std::string defaults = ApplySpecDefaults(*job, &a.spec);
+    if (!defaults.empty()) jobs_->RecordEvent(id, defaults).IgnoreError();
     StartProfiling(a);
   }
+}
+
+std::string Scheduler::ApplySpecDefaults(const apapo::v1::Job& job,
+                                         apapo::v1::JobSpec* spec) const {
+  // Checkpoints are on by default, so that a fault costs at most one
+  // interval: into a folder of the job's own under the root, named by the
+  // job's id and submit time, so that a coordinator whose state was reset
+  // (its ids start over) never resumes a job from another's checkpoint.
+  apapo::v1::CheckpointSpec& checkpoint = *spec->mutable_checkpoint();
+  if (checkpoint.directory().empty() && !options_.checkpoint_root.empty()) {
+    checkpoint.set_directory(absl::StrCat(options_.checkpoint_root, "/", job.id(), ".",
+                                          job.create_time().seconds()));
+  }
+  if (checkpoint.directory().empty()) return "";
+  if (checkpoint.every_steps() <= 0) {
+    checkpoint.set_every_steps(options_.checkpoint_every_steps);
+  }
+  return absl::StrCat("checkpoints every ", checkpoint.every_steps(), " steps in ",
+                      checkpoint.directory());
+}
+
+std::string Scheduler::RendezvousPrefix(const ActiveJob& a) {
+  return a.restarts == 0 ? a.id : absl::StrCat(a.id, "/r", a.restarts);
+}
+
+void Scheduler::AdoptRunningJobs() {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : jobs_->JobsIn(apapo::v1::JOB_STATE_RUNNING)) {
+    absl::StatusOr<apapo::v1::Job> job = jobs_->Get(id);
+    absl::StatusOr<apapo::v1::GetPlanResponse> stored = jobs_->GetPlan(id);
+    if (!job.ok() || !stored.ok()) continue;
+    ActiveJob& a = active_[id];
+    a.id = id;
+    a.spec = job->spec();
+    ApplySpecDefaults(*job, &a.spec);
+    a.workers.assign(job->worker_ids().begin(), job->worker_ids().end());
+    a.restarts = job->restarts();
+    a.plan = stored->plan();
+    a.admitted = absl::FromUnixSeconds(job->start_time().seconds());
+    for (const auto& st : a.plan.stages()) {
+      for (int r = 0; r < st.placement_size(); ++r) {
+        a.ranks.push_back({st.placement(r).worker_id(), st.index(), r,
+                           st.placement(r).rank()});
+      }
+    }
+    // The profiles the plan came from, for a re-plan without profiling.
+    for (const auto& w : stored->cluster().workers()) {
+      apapo::v1::ProfileResult& p = a.profiles[w.worker_id()];
+      *p.mutable_profile() = stored->profile();
+      *p.mutable_resources() = w;
+      for (const auto& link : stored->cluster().links()) {
+        if (link.from_worker() == w.worker_id()) *p.add_links() = link;
+      }
+    }
+    a.rendezvous.set_prefix(RendezvousPrefix(a));
+    a.phase = Phase::kAdopting;
+    a.deadline = clock_->Now() + options_.adopt_timeout;
+    jobs_->RecordEvent(id, absl::StrCat("waiting up to ",
+                                        absl::FormatDuration(options_.adopt_timeout),
+                                        " for ", absl::StrJoin(a.workers, ", "),
+                                        " to report their stages"))
+        .IgnoreError();
+  }
+}
+
+void Scheduler::OnWorkerRegistered(const apapo::v1::WorkerInfo& info) {
+  absl::MutexLock lock(&mu_);
+  dirty_ = true;
+  const std::string& w = info.worker_id();
+  for (const apapo::v1::RunningStage& stage : info.running()) {
+    auto it = active_.find(stage.job_id());
+    bool expected = false;
+    if (it != active_.end() && it->second.phase == Phase::kAdopting &&
+        stage.rendezvous_prefix() == RendezvousPrefix(it->second)) {
+      for (const Rank& r : it->second.ranks) {
+        expected |= r.worker_id == w && r.rank == stage.rank();
+      }
+    }
+    if (expected) {
+      ActiveJob& a = it->second;
+      a.adopted.insert(w);
+      jobs_->RecordEvent(a.id, absl::StrFormat("%s reported back: stage %d training, "
+                                               "step %d",
+                                               w, stage.stage(), stage.step()))
+          .IgnoreError();
+      MaybeAdopted(a);
+      continue;
+    }
+    // Not a stage this coordinator expects: stop it, free the worker.
+    apapo::v1::CoordinatorMessage m;
+    m.mutable_stop()->set_job_id(stage.job_id());
+    m.mutable_stop()->set_reason(absl::StrCat(
+        "stage ", stage.stage(), " of ", stage.job_id(), " (", stage.rendezvous_prefix(),
+        ") is not part of a running job here"));
+    registry_->Send(w, m).IgnoreError();
+    registry_->Release(stage.job_id(), {w});
+  }
+}
+
+void Scheduler::MaybeAdopted(ActiveJob& a) {
+  if (a.phase != Phase::kAdopting) return;
+  for (const Rank& r : a.ranks) {
+    if (!a.adopted.count(r.worker_id) && !a.outcomes.count(r.worker_id)) return;
+  }
+  a.phase = Phase::kRunning;
+  jobs_->RecordEvent(a.id, absl::StrCat("adopted: all ", a.ranks.size(),
+                                        " stage(s) trained on while the coordinator "
+                                        "was away"))
+      .IgnoreError();
 }
 
 void Scheduler::StartProfiling(ActiveJob& a) {
@@ -394,7 +490,7 @@ void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
   // The rank-0 worker hosts the store; it is assigned first.
   a.rendezvous.set_store_host(HostOf(a.ranks[0].worker_id));
   a.rendezvous.set_store_port(0);
-  a.rendezvous.set_prefix(a.restarts == 0 ? id : absl::StrCat(id, "/r", a.restarts));
+  a.rendezvous.set_prefix(RendezvousPrefix(a));
   a.rendezvous.set_world_size(static_cast<int>(a.ranks.size()));
   *a.rendezvous.mutable_timeout() = ToProtoDuration(options_.transfer_timeout);
   a.rendezvous.set_backend(a.spec.resources().device() == "cuda" ? "nccl" : "gloo");
@@ -461,7 +557,10 @@ void Scheduler::OnWorkerMessage(const std::string& worker_id,
 void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
                       const apapo::v1::CommandAck& ack) {
   // Acks of the stopped attempt's commands (stops, late assignments).
-  if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting) return;
+  if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting ||
+      a.phase == Phase::kAdopting) {
+    return;
+  }
   if (ack.code() != 0) {
     Finish(a.id, apapo::v1::JOB_STATE_FAILED,
            absl::StrCat("worker ", worker_id, ": ", ack.message()),
@@ -539,8 +638,8 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
   // The stream the report came on says which worker sent it (stage
   // processes leave worker_id empty): the per-worker series need it, or two
   // replicas of one stage would share their labels.
-  // Reports of the stopped attempt's stages.
-  if (a.phase != Phase::kRunning) return;
+  // Reports of a stopped attempt's stages are not this attempt's.
+  if (a.phase != Phase::kRunning && a.phase != Phase::kAdopting) return;
   apapo::v1::MetricsReport report = in;
   report.set_worker_id(worker_id);
   if (a.awaiting_first_step && report.step() > report.resumed_step()) {
@@ -599,8 +698,9 @@ void Scheduler::OnOutcome(ActiveJob& a, const std::string& worker_id,
     if (a.stopping.empty()) ContinueRecovery(a);
     return;
   }
-  if (a.phase != Phase::kRunning) return;
+  if (a.phase != Phase::kRunning && a.phase != Phase::kAdopting) return;
   a.outcomes[worker_id] = outcome;
+  MaybeAdopted(a);  // a stage that ended while the coordinator was away
   if (outcome.final_metrics().job_id() == a.id) {
     OnMetrics(a, worker_id, outcome.final_metrics());
   }
@@ -717,7 +817,10 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
     m.mutable_stop()->set_job_id(id);
     m.mutable_stop()->set_reason(absl::StrCat("restarting: ", cause));
     registry_->Send(w, m).IgnoreError();
-    if (a.phase == Phase::kRunning) a.stopping.insert(w);
+    if (a.phase == Phase::kRunning ||
+        (a.phase == Phase::kAdopting && a.adopted.count(w))) {
+      a.stopping.insert(w);
+    }
   }
   a.phase = Phase::kStopping;
   a.deadline = clock_->Now() + options_.stop_timeout;
@@ -728,6 +831,7 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
   a.assigned.clear();
   a.latest.clear();
   a.outcomes.clear();
+  a.adopted.clear();
   a.rendezvous = apapo::v1::Rendezvous();
   a.resume = !a.spec.checkpoint().directory().empty();
   jobs_->SetWorkers(id, a.workers).IgnoreError();
@@ -750,6 +854,13 @@ void Scheduler::ContinueRecovery(ActiveJob& a) {
         a.spec.resources().worker_selector().begin(),
         a.spec.resources().worker_selector().end());
     joined = registry_->ReserveUpTo(id, want, selector);
+    // One that is already the job's (idle in the registry after its stage
+    // ended while a coordinator was away) is not taken twice.
+    joined.erase(std::remove_if(joined.begin(), joined.end(),
+                                [&](const std::string& w) {
+                                  return std::count(a.workers.begin(), a.workers.end(), w) > 0;
+                                }),
+                 joined.end());
   }
   const int have = static_cast<int>(a.workers.size() + joined.size());
   const int min_workers = MinWorkers(a.spec);
@@ -881,11 +992,31 @@ void Scheduler::CheckDeadlines() {
              absl::StatusCode::kUnavailable, true);
     }
   }
+  // Adopted jobs with stages that did not report back in time restart
+  // without them.
+  std::vector<std::string> adopting;
+  for (const auto& [id, a] : active_) {
+    if (a.phase == Phase::kAdopting && now > a.deadline) adopting.push_back(id);
+  }
+  for (const std::string& id : adopting) {
+    ActiveJob& a = active_[id];
+    std::vector<std::string> missing;
+    for (const Rank& r : a.ranks) {
+      if (!a.adopted.count(r.worker_id) && !a.outcomes.count(r.worker_id)) {
+        missing.push_back(r.worker_id);
+      }
+    }
+    Recover(a, missing,
+            absl::StrCat("coordinator restarted and ", absl::StrJoin(missing, ", "),
+                         " did not report back within ",
+                         absl::FormatDuration(options_.adopt_timeout)));
+  }
   std::vector<std::string> late;
   for (const auto& [id, a] : active_) {
     // A plan being computed is not timed: it is checked when it comes back.
     if (a.phase == Phase::kRunning || a.phase == Phase::kStopping ||
-        a.phase == Phase::kWaiting || a.plan_attempt != 0) {
+        a.phase == Phase::kWaiting || a.phase == Phase::kAdopting ||
+        a.plan_attempt != 0) {
       continue;
     }
     if (now > a.deadline) late.push_back(id);

@@ -32,6 +32,14 @@
 //              shows several ways (a dead peer's stage errors, then its
 //              stream) is one restart.
 //
+// A restarted coordinator adopts the RUNNING jobs of its store
+// (AdoptRunningJobs): their stages train on without it, and their daemons
+// register again listing the stages they run (WorkerInfo.running). A job
+// whose every stage is back (or has ended, its outcome sent on
+// reconnection) runs on, untouched; one with a stage missing after
+// adopt_timeout restarts without it (as RECOVERING above). A stage no
+// job here expects (another attempt, an unknown job) is stopped.
+//
 // Events come from the workers' streams (OnWorkerMessage), the registry
 // (OnWorkerLost) and the JobManager (OnCancelled); they only update state
 // under mu_ and send non-blocking commands. Queue scans, planning and
@@ -82,11 +90,14 @@ struct SchedulerOptions {
   // stop (they are killed after the daemon's grace period).
   absl::Duration stop_timeout = absl::Seconds(30);
   // Every job without a checkpoint directory of its own checkpoints into
-  // <checkpoint_root>/<job id> (empty: such jobs do not checkpoint, and a
-  // restart starts from the beginning).
+  // <checkpoint_root>/<job id>.<submit time, Unix seconds> (empty: such
+  // jobs do not checkpoint, and a restart starts from the beginning).
   std::string checkpoint_root;
   // Steps between checkpoints for a job that sets none.
   int64_t checkpoint_every_steps = 200;
+  // How long a restarted coordinator waits for the workers of a running
+  // job to register again before it restarts the job without the missing.
+  absl::Duration adopt_timeout = absl::Seconds(60);
 };
 
 // Observes what the scheduler sees, for metrics export.
@@ -123,6 +134,13 @@ class Scheduler : public WorkerMessageListener {
                        const apapo::v1::WorkerMessage& message) override;
   void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
                     const std::string& reason);
+  // A worker registered (a reconnect included); adopts or stops the stages
+  // it still trains (info.running), and wakes the scheduler.
+  void OnWorkerRegistered(const apapo::v1::WorkerInfo& info);
+  // Takes over the RUNNING jobs of the JobManager (a restarted
+  // coordinator), waiting for their workers to report back. Call once,
+  // before workers can register.
+  void AdoptRunningJobs();
   void OnCancelled(const apapo::v1::Job& job);
 
   // Runs one pass of deadline checks, planning of the jobs whose profiles
@@ -140,6 +158,7 @@ class Scheduler : public WorkerMessageListener {
     kRunning,
     kStopping,  // restarting: waiting for the surviving stages to end
     kWaiting,   // restarting: waiting for enough workers
+    kAdopting,  // a restarted coordinator: waiting for the stages to report
   };
   struct Rank {
     std::string worker_id;
@@ -179,6 +198,7 @@ class Scheduler : public WorkerMessageListener {
     absl::Time fault_time;
     apapo::v1::JobRestart restart;
     std::set<std::string> stopping;  // kStopping: stages not ended yet
+    std::set<std::string> adopted;   // kAdopting: stages reported back
     // Left out because their stage did not end: still reserved.
     std::vector<std::string> held_back;
     absl::Time wait_deadline;        // kWaiting: end of the wait
@@ -233,6 +253,15 @@ class Scheduler : public WorkerMessageListener {
   void Finish(const std::string& job_id, apapo::v1::JobState state,
               const std::string& message, absl::StatusCode code,
               bool stop_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The spec as the workers run it: a checkpoint folder and interval
+  // filled in when the job names none. Returns what was filled in, for
+  // the job's events ("" when nothing).
+  std::string ApplySpecDefaults(const apapo::v1::Job& job,
+                                apapo::v1::JobSpec* spec) const;
+  // The rendezvous prefix of the job's current attempt.
+  static std::string RendezvousPrefix(const ActiveJob& a);
+  // kAdopting: every placed stage reported back or ended: run on.
+  void MaybeAdopted(ActiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the profiling of a.workers (link test first with several).
   void StartProfiling(ActiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A fault: `lost` (may be empty) are gone, `cause` says what happened.

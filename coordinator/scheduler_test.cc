@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
@@ -632,7 +633,8 @@ TEST_F(SchedulerTest, JobsCheckpointByDefaultIntoAFolderOfTheirOwn) {
   CoordinatorMessage a0 = Next("w-1");
   ASSERT_TRUE(a0.has_assign());
   EXPECT_EQ(a0.assign().spec().checkpoint().directory(),
-            "/var/lib/apapo/checkpoints/" + id);
+            absl::StrCat("/var/lib/apapo/checkpoints/", id, ".",
+                         jobs_.Get(id)->create_time().seconds()));
   EXPECT_EQ(a0.assign().spec().checkpoint().every_steps(),
             SchedulerOptions().checkpoint_every_steps);
   EXPECT_FALSE(a0.assign().spec().checkpoint().resume());  // a first run
@@ -825,6 +827,85 @@ TEST_F(SchedulerTest, AStageThatDoesNotStopIsLeftOut) {
     said |= absl::StrContains(e.message(), "left out w-2: its stage did not end within 30s");
   }
   EXPECT_TRUE(said);
+}
+
+// ---- a restarted coordinator adopts the stages that trained on ----
+
+class AdoptionTest : public SchedulerTest {
+ protected:
+  // The coordinator restarts on the same store: new manager, registry and
+  // scheduler, which adopts the running jobs.
+  void Restart() {
+    jobs2_ = std::make_unique<JobManager>(&store_, &clock_);
+    ASSERT_TRUE(jobs2_->Recover().ok());
+    registry2_ = std::make_unique<WorkerRegistry>(&clock_, absl::Seconds(1));
+    scheduler2_ = std::make_unique<Scheduler>(jobs2_.get(), registry2_.get(), &planner_,
+                                              &clock_, Options());
+    scheduler2_->AdoptRunningJobs();
+  }
+  // `worker` registers again, still training `stage` of `job` as `rank`.
+  std::shared_ptr<WorkerSession> Reconnect(const std::string& worker, const std::string& job,
+                                           int stage, int rank, const std::string& prefix) {
+    apapo::v1::WorkerInfo info;
+    info.set_worker_id(worker);
+    if (!job.empty()) {
+      auto* r = info.add_running();
+      r->set_job_id(job);
+      r->set_stage(stage);
+      r->set_rank(rank);
+      r->set_rendezvous_prefix(prefix);
+      r->set_step(77);
+    }
+    auto session = registry2_->Register(info);
+    EXPECT_TRUE(session.ok());
+    scheduler2_->OnWorkerRegistered(info);
+    return *session;
+  }
+  std::unique_ptr<JobManager> jobs2_;
+  std::unique_ptr<WorkerRegistry> registry2_;
+  std::unique_ptr<Scheduler> scheduler2_;
+};
+
+TEST_F(AdoptionTest, StagesThatReportBackRunOnAndFinishTheJob) {
+  std::string id = StartRunningJob();
+  Restart();
+  EXPECT_EQ(jobs2_->Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  auto s1 = Reconnect("w-1", id, 0, 0, id);
+  // Busy with its job, not offered to another.
+  EXPECT_EQ(registry2_->CountByState()[apapo::v1::WORKER_STATE_BUSY], 1);
+  auto s2 = Reconnect("w-2", id, 1, 1, id);
+  EXPECT_FALSE(s1->TakeCommand().has_value());  // no stop, no re-assignment
+  EXPECT_FALSE(s2->TakeCommand().has_value());
+  EXPECT_THAT(jobs2_->WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("adopted: all 2 stage(s) trained on"));
+  SendMetrics(*scheduler2_, "w-2", id, 1, 500);
+  EXPECT_EQ(jobs2_->Get(id)->progress().step(), 500);
+  SendOutcome(*scheduler2_, "w-1", id, absl::StatusCode::kOk);
+  SendOutcome(*scheduler2_, "w-2", id, absl::StatusCode::kOk);
+  auto job = jobs2_->Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job->restarts(), 0);
+}
+
+TEST_F(AdoptionTest, AStageOfAnotherAttemptIsStoppedAndAMissingOneRestartsTheJob) {
+  std::string id = StartRunningJob();
+  Restart();
+  auto s1 = Reconnect("w-1", id, 0, 0, id);
+  // w-3 says it trains a stage of an attempt this coordinator knows nothing of.
+  auto s3 = Reconnect("w-3", id, 1, 1, id + "/r7");
+  auto stop = s3->TakeCommand();
+  ASSERT_TRUE(stop.has_value() && stop->has_stop());
+  EXPECT_THAT(stop->stop().reason(), HasSubstr("is not part of a running job here"));
+  EXPECT_EQ(registry2_->List().size(), 2u);
+  // w-2 never comes back.
+  clock_.Advance(SchedulerOptions().adopt_timeout + absl::Seconds(1));
+  scheduler2_->RunOnce();
+  auto job = jobs2_->Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job->restart_history(0).cause(),
+            "coordinator restarted and w-2 did not report back within 1m");
+  auto stop1 = s1->TakeCommand();
+  ASSERT_TRUE(stop1.has_value() && stop1->has_stop());
 }
 
 }  // namespace

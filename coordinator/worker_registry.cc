@@ -124,12 +124,20 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> WorkerRegistry::Register(
     if (inserted) entry.order = next_order_++;
     const absl::Time now = clock_->Now();
     *entry.status.mutable_info() = info;
+    entry.status.mutable_info()->clear_running();  // a snapshot: not kept
     entry.status.clear_job_id();
     *entry.status.mutable_registered_time() = ToProto(now);
     session = std::make_shared<WorkerSession>(info.worker_id(),
                                               next_session_++, clock_, stream);
     entry.session = session;
-    SetStateLocked(entry, apapo::v1::WORKER_STATE_IDLE);
+    // A worker that still trains a stage is not idle: it stays its job's
+    // until the scheduler adopts the stage or stops it (and releases it).
+    if (info.running_size() > 0) {
+      SetStateLocked(entry, apapo::v1::WORKER_STATE_BUSY);
+      entry.status.set_job_id(info.running(0).job_id());
+    } else {
+      SetStateLocked(entry, apapo::v1::WORKER_STATE_IDLE);
+    }
   }
   Schedule(session->last_seen() + timeout(), session);
   return session;

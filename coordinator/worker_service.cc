@@ -138,7 +138,7 @@ class WorkerServiceImpl::ConnectReactor final
               absl::ToInt64Nanoseconds(registry->heartbeat_interval()));
       send_registered_ = true;
     }
-    if (service_->on_registered_) service_->on_registered_(session_->worker_id());
+    if (service_->on_registered_) service_->on_registered_(in_.register_());
     WriteNext();
     StartRead(&in_);
   }

@@ -34,9 +34,10 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
   // `registry` (and `listener`, which may be null) must outlive the service.
   WorkerServiceImpl(WorkerRegistry* registry, WorkerMessageListener* listener);
 
-  // Called after every registration (wakes the scheduler, counts). Set
+  // Called after every registration with what the worker registered
+  // (wakes the scheduler, counts, adopts the stages it still trains). Set
   // before the server starts.
-  void SetRegisterHook(std::function<void(const std::string&)> hook) {
+  void SetRegisterHook(std::function<void(const apapo::v1::WorkerInfo&)> hook) {
     on_registered_ = std::move(hook);
   }
   // With TLS: a worker must present a client certificate signed by the
@@ -60,7 +61,7 @@ class WorkerServiceImpl final : public apapo::v1::WorkerService::CallbackService
 
   WorkerRegistry* const registry_;
   WorkerMessageListener* const listener_;
-  std::function<void(const std::string&)> on_registered_;
+  std::function<void(const apapo::v1::WorkerInfo&)> on_registered_;
   bool require_certificates_ = false;
   const AccessPolicy* access_ = nullptr;
 };

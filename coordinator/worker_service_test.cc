@@ -127,7 +127,8 @@ TEST_F(WorkerServiceTest, CommandsQueuedBeforeRegisteredArriveAfterIt) {
   // The scheduler may queue a command the moment a worker registers: the
   // Registered reply still comes first, then the commands in order.
   registry_.SetLostHook(nullptr);
-  service_.SetRegisterHook([this](const std::string& id) {
+  service_.SetRegisterHook([this](const apapo::v1::WorkerInfo& info) {
+    const std::string& id = info.worker_id();
     apapo::v1::CoordinatorMessage stop;
     stop.mutable_stop()->set_job_id("early");
     ASSERT_TRUE(registry_.Send(id, stop).ok());

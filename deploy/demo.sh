@@ -58,7 +58,9 @@ PKI="$WORK/pki"
 echo "== starting a coordinator and two worker daemons"
 "$BIN/coordinator/apapo-coordinator" --host=127.0.0.1 --port=0 --metrics_port=0 \
   --tls_cert="$PKI/coordinator.pem" --tls_key="$PKI/coordinator.key" \
-  --tls_ca="$PKI/ca.pem" --state="$WORK/coordinator.db" >"$WORK/coordinator.log" 2>&1 &
+  --tls_ca="$PKI/ca.pem" --state="$WORK/coordinator.db" \
+  --data_roots="/usr/share/datasets,$WORK" --checkpoint_root="$WORK/checkpoints" \
+  >"$WORK/coordinator.log" 2>&1 &
 PIDS+=($!)
 PORT=$(wait_for "$WORK/coordinator.log" 'listening on port \K[0-9]+')
 METRICS=$(wait_for "$WORK/coordinator.log" 'metrics on port \K[0-9]+')
@@ -66,7 +68,8 @@ echo "coordinator: 127.0.0.1:$PORT (metrics: http://127.0.0.1:$METRICS/metrics)"
 for id in w-1 w-2; do
   "$BIN/worker/apapo-worker" --coordinator="127.0.0.1:$PORT" --id="$id" \
     --threads=1 --tls_ca="$PKI/ca.pem" --tls_cert="$PKI/worker-$id.pem" \
-    --tls_key="$PKI/worker-$id.key" >"$WORK/$id.log" 2>&1 &
+    --tls_key="$PKI/worker-$id.key" --data_roots="/usr/share/datasets,$WORK" \
+    >"$WORK/$id.log" 2>&1 &
   PIDS+=($!)
 done
 for id in w-1 w-2; do wait_for "$WORK/$id.log" "registered as \K$id" >/dev/null; done

@@ -118,14 +118,18 @@ class EndToEndTest(unittest.TestCase):
         states = c.worker_states()
         self.assertEqual(set(states.values()), {worker_pb2.WORKER_STATE_IDLE}, states)
 
-    def test_worker_killed_mid_run_fails_job_naming_it(self):
+    def test_worker_killed_mid_run_fails_job_naming_it_when_restarts_are_off(self):
         c = self.cluster
-        job_id = c.submit(spec(steps=1_000_000))
+        s = spec(steps=1_000_000)
+        s.fault_tolerance.max_restarts = 0  # on by default: see test_elastic
+        job_id = c.submit(s)
         c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
         c.workers["w-2"].proc.send_signal(signal.SIGKILL)
         job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=120)
         self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
         self.assertIn("w-2", job.error)
+        self.assertIn("not restarted: spec.fault_tolerance.max_restarts (0) used up",
+                      job.error)
         states = c.worker_states()
         self.assertEqual(states["w-1"], worker_pb2.WORKER_STATE_IDLE, states)
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
@@ -138,7 +142,8 @@ class WorkerHostTest(unittest.TestCase):
         c = Cluster(workers=1)
         try:
             c.workers["w-2"] = t.start_worker(c.port, "w-2",
-                                              extra=["--host=no-such-host.invalid"])
+                                              extra=["--host=no-such-host.invalid",
+                                                     c.data_roots])
             job_id = c.submit(spec(steps=50))
             job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=300)
             self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)

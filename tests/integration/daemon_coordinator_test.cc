@@ -89,9 +89,22 @@ class Inbox : public coordinator::WorkerMessageListener {
 
 struct Coordinator {
   explicit Coordinator(const std::string& address) {
+    service.SetRegisterHook([this](const apapo::v1::WorkerInfo& info) {
+      absl::MutexLock lock(&mu);
+      registered.push_back(info);
+    });
     auto bound = server.Start(address);
     EXPECT_TRUE(bound.ok()) << bound.status();
     port = bound.ok() ? *bound : 0;
+  }
+  // What the worker registered with the n-th time (0-based), once it has.
+  apapo::v1::WorkerInfo Registered(int n) {
+    absl::MutexLock lock(&mu);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return static_cast<int>(registered.size()) > n;
+    };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&has), absl::Seconds(60)));
+    return static_cast<int>(registered.size()) > n ? registered[n] : apapo::v1::WorkerInfo();
   }
   coordinator::RealClock clock;
   coordinator::WorkerRegistry registry{&clock, absl::Milliseconds(100)};
@@ -99,6 +112,8 @@ struct Coordinator {
   coordinator::WorkerServiceImpl service{&registry, &inbox};
   coordinator::CoordinatorServer server{{&service}};
   int port = 0;
+  absl::Mutex mu;
+  std::vector<apapo::v1::WorkerInfo> registered ABSL_GUARDED_BY(mu);
 };
 
 TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
@@ -163,6 +178,66 @@ TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
   ASSERT_EQ(coord->port, port);
   EXPECT_TRUE(daemon.WaitForRegistrations(2, absl::Seconds(60)));
   EXPECT_GE(daemon.registrations(), 2);
+
+  daemon.Shutdown();
+  run.join();
+}
+
+TEST(WorkerDaemonTest, TrainingOutlivesTheCoordinatorAndIsReportedWhenItIsBack) {
+  auto coord = std::make_unique<Coordinator>("127.0.0.1:0");
+  const int port = coord->port;
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  FakeRunner runner;
+  DaemonOptions options;
+  options.coordinator = address;
+  options.info.set_worker_id("w-test");
+  options.initial_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  WorkerDaemon daemon(options, &runner);
+  std::thread run([&] { daemon.Run(); });
+  ASSERT_TRUE(daemon.WaitUntilRegistered(absl::Seconds(30)));
+  EXPECT_EQ(coord->Registered(0).running_size(), 0);
+
+  apapo::v1::CoordinatorMessage assign;
+  assign.mutable_assign()->set_job_id("job-1");
+  assign.mutable_assign()->set_stage(1);
+  assign.mutable_assign()->mutable_rendezvous()->set_rank(1);
+  assign.mutable_assign()->mutable_rendezvous()->set_store_port(7000);
+  assign.mutable_assign()->mutable_rendezvous()->set_prefix("job-1/r2");
+  ASSERT_TRUE(coord->registry.Send("w-test", assign).ok());
+  coord->inbox.WaitFor(WorkerMessage::kAck);
+  apapo::v1::CoordinatorMessage start;
+  start.mutable_start()->set_job_id("job-1");
+  ASSERT_TRUE(coord->registry.Send("w-test", start).ok());
+  EXPECT_EQ(coord->inbox.WaitFor(WorkerMessage::kMetrics).metrics().step(), 1);
+
+  // The coordinator dies: the stage trains on.
+  coord->server.Shutdown();
+  coord.reset();
+  coord = std::make_unique<Coordinator>(address);
+  ASSERT_EQ(coord->port, port);
+  // It registers again, listing the stage it still trains.
+  apapo::v1::WorkerInfo again = coord->Registered(0);
+  ASSERT_EQ(again.running_size(), 1);
+  EXPECT_EQ(again.running(0).job_id(), "job-1");
+  EXPECT_EQ(again.running(0).stage(), 1);
+  EXPECT_EQ(again.running(0).rank(), 1);
+  EXPECT_EQ(again.running(0).rendezvous_prefix(), "job-1/r2");
+  EXPECT_EQ(again.running(0).step(), 1);
+  {
+    absl::MutexLock lock(&runner.mu_);
+    EXPECT_FALSE(runner.stopped_) << "the stream's end stopped the stage";
+  }
+
+  // Gone again; the stage ends meanwhile: its outcome is kept and sent to
+  // the next coordinator.
+  coord->server.Shutdown();
+  coord.reset();
+  runner.Stop("job-1");
+  coord = std::make_unique<Coordinator>(address);
+  WorkerMessage outcome = coord->inbox.WaitFor(WorkerMessage::kOutcome);
+  EXPECT_EQ(outcome.outcome().job_id(), "job-1");
+  EXPECT_EQ(outcome.outcome().message(), "stage 1 stopped");
 
   daemon.Shutdown();
   run.join();

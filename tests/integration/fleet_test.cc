@@ -209,6 +209,10 @@ TEST_F(FleetTest, AJobOnSixteenWorkersSucceedsWithEveryCommandOnceAndAcked) {
     EXPECT_EQ(kinds[CoordinatorMessage::kStop], 0) << w.worker_id;
   }
   EXPECT_EQ(with_commands, kJobWorkers);
+  // A message counts as sent once its write completes, which may be after
+  // the coordinator acted on it: wait for the last outcomes' completions.
+  EXPECT_TRUE(fleet_->AwaitJobMilestone(job_id, bench::JobMilestone::kOutcomeSent,
+                                        kJobWorkers, absl::Now() + kWait));
   bench::JobRecord record = fleet_->Job(job_id);
   EXPECT_EQ(record.at(bench::JobMilestone::kProfileResultSent).count, kJobWorkers);
   EXPECT_EQ(record.at(bench::JobMilestone::kOutcomeSent).count, kJobWorkers);

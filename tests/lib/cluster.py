@@ -10,7 +10,7 @@ from proto.apapo.v1 import service_pb2, service_pb2_grpc  # noqa: E402
 
 
 class Cluster:
-    def __init__(self, workers=2):
+    def __init__(self, workers=2, coordinator_flags=()):
         self.dir = t.temp_dir("e2e-")
         self.state = os.path.join(self.dir, "state.db")
         # Specs may name files under Debian's datasets and this cluster's
@@ -18,7 +18,9 @@ class Cluster:
         self.data_roots = f"--data_roots=/usr/share/datasets,{self.dir}"
         self.coordinator, self.port = t.start_coordinator(
             self.state, extra=["--heartbeat_interval=500ms",
-                               "--transfer_timeout=20s", self.data_roots])
+                               "--transfer_timeout=20s", self.data_roots,
+                               f"--checkpoint_root={self.dir}/checkpoints",
+                               *coordinator_flags])
         m = self.coordinator.wait_for_line(r"metrics on port (\d+)")
         self.metrics_port = int(m.group(1))
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")

@@ -17,26 +17,29 @@ using apapo::v1::CoordinatorMessage;
 using apapo::v1::WorkerMessage;
 
 // State of one Connect stream: the writer lock, the heartbeat, and the
-// threads doing commands' work.
+// threads doing commands' work. Trainings are the daemon's, not a
+// session's: they go on when the stream ends.
 class WorkerDaemon::Session {
  public:
   Session(grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>* stream,
-          JobRunner* runner, std::string worker_id,
-          const std::vector<std::string>* data_roots)
+          WorkerDaemon* daemon)
       : stream_(stream),
-        runner_(runner),
-        worker_id_(std::move(worker_id)),
-        data_roots_(data_roots) {}
+        daemon_(daemon),
+        runner_(daemon->runner_),
+        worker_id_(daemon->options_.info.worker_id()),
+        data_roots_(&daemon->options_.data_roots) {}
 
   ~Session() {
     ended_.Notify();
     if (heartbeat_.joinable()) heartbeat_.join();
-    // The stream is gone: stop whatever still runs, then wait for it.
+    // The stream is gone. Stages that train go on (the coordinator adopts
+    // them when it is back); what needed this stream stops: assignments
+    // not started yet (their rendezvous) and profiles (their results had
+    // nowhere to go).
     std::vector<std::string> jobs;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [job, a] : assignments_) jobs.push_back(job);
-      // A profile may be waiting for its peers' link test.
       jobs.insert(jobs.end(), profiling_.begin(), profiling_.end());
     }
     for (const auto& job : jobs) runner_->Stop(job);
@@ -54,12 +57,8 @@ class WorkerDaemon::Session {
         WorkerMessage m;
         *m.mutable_heartbeat()->mutable_time() =
             google::protobuf::util::TimeUtil::GetCurrentTime();
-        {
-          absl::MutexLock lock(&mu_);
-          if (!running_job_.empty()) {
-            m.mutable_heartbeat()->set_job_id(running_job_);
-          }
-        }
+        const std::string job = daemon_->RunningJob();
+        if (!job.empty()) m.mutable_heartbeat()->set_job_id(job);
         if (!Write(m)) return;
       }
     });
@@ -154,10 +153,11 @@ class WorkerDaemon::Session {
             break;
           }
           assign = it->second;
-          running_job_ = assign.job_id();
+          // From now on the daemon's: it trains on without this stream.
+          assignments_.erase(it);
         }
         Ack(id, absl::OkStatus());
-        workers_.emplace_back([this, assign] { Train(assign); });
+        daemon_->StartTraining(assign);
         break;
       }
       case CoordinatorMessage::kStop:
@@ -170,32 +170,8 @@ class WorkerDaemon::Session {
   }
 
  private:
-  void Train(const apapo::v1::AssignStage& assign) {
-    apapo::v1::MetricsReport final_metrics;
-    absl::Status status = runner_->Train(
-        assign,
-        [this](const apapo::v1::MetricsReport& report) {
-          WorkerMessage m;
-          *m.mutable_metrics() = report;
-          Write(m);
-        },
-        &final_metrics);
-    WorkerMessage m;
-    auto* outcome = m.mutable_outcome();
-    outcome->set_job_id(assign.job_id());
-    outcome->set_stage(assign.stage());
-    outcome->set_code(static_cast<int>(status.code()));
-    outcome->set_message(std::string(status.message()));
-    *outcome->mutable_final_metrics() = final_metrics;
-    {
-      absl::MutexLock lock(&mu_);
-      assignments_.erase(assign.job_id());
-      if (running_job_ == assign.job_id()) running_job_.clear();
-    }
-    Write(m);
-  }
-
   grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>* const stream_;
+  WorkerDaemon* const daemon_;
   JobRunner* const runner_;
   const std::string worker_id_;
   const std::vector<std::string>* const data_roots_;
@@ -205,15 +181,121 @@ class WorkerDaemon::Session {
 
   absl::Mutex write_mu_;  // one Write at a time on the stream
   absl::Mutex mu_;
+  // Assigned, not started yet.
   std::map<std::string, apapo::v1::AssignStage> assignments_ ABSL_GUARDED_BY(mu_);
-  std::string running_job_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> profiling_ ABSL_GUARDED_BY(mu_);  // jobs in Profile
 };
+
+// ---- trainings, which outlive sessions ----
+
+std::string WorkerDaemon::RunningJob() {
+  absl::MutexLock lock(&jobs_mu_);
+  return trainings_.empty() ? "" : trainings_.begin()->first;
+}
+
+std::vector<apapo::v1::RunningStage> WorkerDaemon::Running() {
+  absl::MutexLock lock(&jobs_mu_);
+  std::vector<apapo::v1::RunningStage> out;
+  for (const auto& [job, t] : trainings_) {
+    apapo::v1::RunningStage r;
+    r.set_job_id(job);
+    r.set_stage(t.assign.stage());
+    r.set_replica(t.assign.replica());
+    r.set_rank(t.assign.rendezvous().rank());
+    r.set_rendezvous_prefix(t.assign.rendezvous().prefix());
+    r.set_step(t.step);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+bool WorkerDaemon::Send(const WorkerMessage& message) {
+  absl::MutexLock lock(&jobs_mu_);
+  return session_ != nullptr && session_->Write(message);
+}
+
+void WorkerDaemon::SendOrKeep(const WorkerMessage& message) {
+  absl::MutexLock lock(&jobs_mu_);
+  if (session_ != nullptr && session_->Write(message)) return;
+  // The next session sends it once registered (an outcome must not be lost:
+  // the coordinator may be waiting for it to finish or restart the job).
+  unsent_.push_back(message);
+}
+
+void WorkerDaemon::AttachSession(Session* session) {
+  absl::MutexLock lock(&jobs_mu_);
+  session_ = session;
+  if (session == nullptr) return;
+  std::vector<WorkerMessage> unsent = std::move(unsent_);
+  unsent_.clear();
+  for (size_t i = 0; i < unsent.size(); ++i) {
+    if (!session->Write(unsent[i])) {
+      unsent_.assign(unsent.begin() + i, unsent.end());
+      return;
+    }
+  }
+}
+
+void WorkerDaemon::StartTraining(const apapo::v1::AssignStage& assign) {
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    trainings_[assign.job_id()].assign = assign;
+  }
+  absl::MutexLock lock(&threads_mu_);
+  train_threads_.emplace_back([this, assign] { Train(assign); });
+}
+
+void WorkerDaemon::Train(const apapo::v1::AssignStage& assign) {
+  apapo::v1::MetricsReport final_metrics;
+  absl::Status status = runner_->Train(
+      assign,
+      [this, job = assign.job_id()](const apapo::v1::MetricsReport& report) {
+        {
+          absl::MutexLock lock(&jobs_mu_);
+          auto it = trainings_.find(job);
+          if (it != trainings_.end()) it->second.step = report.step();
+        }
+        WorkerMessage m;
+        *m.mutable_metrics() = report;
+        Send(m);  // a report without a coordinator is dropped
+      },
+      &final_metrics);
+  WorkerMessage m;
+  auto* outcome = m.mutable_outcome();
+  outcome->set_job_id(assign.job_id());
+  outcome->set_stage(assign.stage());
+  outcome->set_code(static_cast<int>(status.code()));
+  outcome->set_message(std::string(status.message()));
+  *outcome->mutable_final_metrics() = final_metrics;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    trainings_.erase(assign.job_id());
+  }
+  SendOrKeep(m);
+}
+
+void WorkerDaemon::StopTrainings() {
+  std::vector<std::string> jobs;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    for (const auto& [job, t] : trainings_) jobs.push_back(job);
+  }
+  for (const auto& job : jobs) runner_->Stop(job);
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    threads.swap(train_threads_);
+  }
+  for (auto& t : threads) t.join();
+}
 
 WorkerDaemon::WorkerDaemon(DaemonOptions options, JobRunner* runner)
     : options_(std::move(options)), runner_(runner) {}
 
-WorkerDaemon::~WorkerDaemon() { Shutdown(); }
+WorkerDaemon::~WorkerDaemon() {
+  Shutdown();
+  StopTrainings();
+}
 
 void WorkerDaemon::Shutdown() {
   absl::MutexLock lock(&mu_);
@@ -255,6 +337,8 @@ void WorkerDaemon::Run() {
     }
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
+  // The daemon itself stops: so do its stages.
+  StopTrainings();
 }
 
 void WorkerDaemon::RunSession() {
@@ -269,6 +353,9 @@ void WorkerDaemon::RunSession() {
   auto stream = stub->Connect(&context);
   WorkerMessage hello;
   *hello.mutable_register_() = options_.info;
+  // Stages still training from before (the coordinator restarted, or the
+  // connection was cut): the coordinator adopts or stops them.
+  for (auto& r : Running()) *hello.mutable_register_()->add_running() = std::move(r);
   CoordinatorMessage reply;
   // Whether the stream may still be open (a first reply that was not
   // Registered): only then is it cancelled before Finish, which would
@@ -287,12 +374,13 @@ void WorkerDaemon::RunSession() {
       registered_ = true;
       ++registrations_;
     }
-    Session session(stream.get(), runner_, options_.info.worker_id(),
-                    &options_.data_roots);
+    Session session(stream.get(), this);
+    AttachSession(&session);  // sends what ended while there was none
     session.StartHeartbeat(interval, options_.info.worker_id());
     while (stream->Read(&reply)) session.Handle(reply);
     open = false;
-    // ~Session stops running jobs and joins its threads.
+    AttachSession(nullptr);
+    // ~Session stops what needed this stream and joins its threads.
   }
   {
     absl::MutexLock lock(&mu_);

@@ -7,8 +7,12 @@
 // port before its work starts. When the coordinator
 // is away it reconnects with exponential backoff, each wait jittered by
 // +-50% so that a fleet whose coordinator restarts does not reconnect in
-// one burst; when the stream breaks it stops the job it was running (the
-// coordinator fails that job).
+// one burst. Training does not depend on the stream: when it breaks, the
+// stages go on; the daemon registers again with the stages it still runs
+// (WorkerInfo.running), and a stage outcome that came while no coordinator
+// was there is sent once it is back. What needs the stream stops with it:
+// profiles and assignments not started yet. Run() returning (Shutdown)
+// stops every stage.
 //
 // Call order: construct, Run() (blocks) on one thread; Shutdown() from any
 // other thread ends Run().
@@ -18,6 +22,7 @@
 #ifndef APAPO_WORKER_DAEMON_DAEMON_H_
 #define APAPO_WORKER_DAEMON_DAEMON_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -75,9 +80,36 @@ class WorkerDaemon {
   // One connection: returns when the stream ends or on shutdown.
   void RunSession();
 
+  // A started stage, trained on a thread of the daemon.
+  struct Training {
+    apapo::v1::AssignStage assign;
+    int64_t step = 0;  // newest reported
+  };
+  void StartTraining(const apapo::v1::AssignStage& assign);
+  void Train(const apapo::v1::AssignStage& assign);
+  // Stops every stage and joins their threads.
+  void StopTrainings();
+  std::vector<apapo::v1::RunningStage> Running();
+  std::string RunningJob();  // a job being trained, or ""
+  // On the current session's stream; false when there is none or the
+  // write failed (the message is dropped).
+  bool Send(const apapo::v1::WorkerMessage& message);
+  // Sent now, or kept for the next session.
+  void SendOrKeep(const apapo::v1::WorkerMessage& message);
+  // The session messages go to (null: none); sends what was kept.
+  void AttachSession(Session* session);
+
   const DaemonOptions options_;
   JobRunner* const runner_;
   absl::Notification shutdown_;
+
+  // Lock order: jobs_mu_ before a session's writer lock.
+  absl::Mutex jobs_mu_;
+  Session* session_ ABSL_GUARDED_BY(jobs_mu_) = nullptr;
+  std::map<std::string, Training> trainings_ ABSL_GUARDED_BY(jobs_mu_);
+  std::vector<apapo::v1::WorkerMessage> unsent_ ABSL_GUARDED_BY(jobs_mu_);
+  absl::Mutex threads_mu_;
+  std::vector<std::thread> train_threads_ ABSL_GUARDED_BY(threads_mu_);
 
   absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

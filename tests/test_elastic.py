@@ -1,0 +1,166 @@
+"""Elastic jobs, caused for real: a worker daemon killed (SIGKILL) or stopped
+(SIGSTOP) mid-run, and too few workers left. The coordinator stops the
+surviving stages, re-plans on the workers still there and resumes from the
+newest checkpoint (keyed by layer, so it loads into the new plan); what the
+user sees is asserted through the API, apapoctl and /metrics, and that no
+stage process is left behind."""
+
+import os
+import re
+import signal
+import subprocess
+import unittest
+import urllib.request
+
+from lib import apapo_testlib as t
+from lib.cluster import Cluster
+
+from proto.apapo.v1 import job_pb2  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+
+ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
+EVERY = 100  # steps between checkpoints
+
+
+def spec(steps, workers, **fault_tolerance):
+    s = text_format.Parse(t.short_job(name="elastic", steps=steps, workers=workers),
+                          job_pb2.JobSpec())
+    s.checkpoint.every_steps = EVERY
+    for key, value in fault_tolerance.items():
+        if key == "replacement_wait_s":
+            s.fault_tolerance.replacement_wait.seconds = value
+        else:
+            setattr(s.fault_tolerance, key, value)
+    return s
+
+
+def stage_processes(daemon_pids):
+    """Stage child processes (apapo-worker --run_assignment) of these daemons."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if "--run_assignment" in cmdline and ppid in daemon_pids:
+            found.append(int(entry))
+    return found
+
+
+class ElasticJobTest(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster(workers=3)
+        self.stopped = []
+
+    def tearDown(self):
+        for p in self.stopped:
+            p.proc.send_signal(signal.SIGCONT)
+        self.cluster.close()
+
+    def placed(self, job_id):
+        from proto.apapo.v1 import service_pb2
+        plan = self.cluster.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+        return sorted({r.worker_id for s in plan.plan.stages for r in s.placement}), plan
+
+    def run_with_fault(self, fault, steps=900):
+        """Trains `steps` on 3 workers, causes `fault(process)` to a placed
+        worker once a checkpoint exists, and returns (job, victim)."""
+        c = self.cluster
+        job_id = c.submit(spec(steps=steps, workers=3))
+        c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
+                      m.job.progress.step > EVERY + 20, timeout=300)
+        placed, _ = self.placed(job_id)
+        victim = placed[-1]
+        fault(c.workers[victim])
+        job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+        return job, victim, placed
+
+    def assert_restarted_once(self, job, victim, placed):
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        self.assertEqual(job.restarts, 1)
+        r = job.restart_history[0]
+        self.assertIn(victim, r.lost_workers)
+        self.assertIn(f"worker {victim}", r.cause)
+        self.assertEqual(r.workers_before, len(placed))
+        self.assertLess(r.workers_after, r.workers_before)
+        self.assertNotIn(victim, job.worker_ids)
+        # Resumed from a checkpoint, not from the start, and not ahead of the
+        # fault; and it trained on to the end.
+        self.assertGreaterEqual(r.resumed_step, EVERY)
+        self.assertEqual(r.resumed_step % EVERY, 0)
+        self.assertLessEqual(r.resumed_step, r.step_at_fault)
+        self.assertGreater(r.seconds_lost, 0)
+        self.assertGreaterEqual(job.progress.step, 900)
+        # Nothing of the job still runs on the survivors.
+        pids = {w.proc.pid for w in self.cluster.workers.values()}
+        t.wait_until(lambda: not stage_processes(pids), 30, "stage processes to end")
+
+    def test_worker_killed_mid_run_is_replanned_on_the_survivors(self):
+        job, victim, placed = self.run_with_fault(
+            lambda p: p.proc.send_signal(signal.SIGKILL))
+        self.assert_restarted_once(job, victim, placed)
+        self.assertIn("lost", job.restart_history[0].cause)
+        # Accuracy: within 0.5 point of the same spec trained without a fault.
+        c = self.cluster
+        c.add_worker("w-4")  # the killed worker's place, for the reference run
+        ref_id = c.submit(spec(steps=900, workers=3))
+        ref = c.watch_until(ref_id, lambda m: m.job.state in ENDED, timeout=600)
+        self.assertEqual(ref.state, job_pb2.JOB_STATE_SUCCEEDED, ref.error)
+        self.assertEqual(ref.restarts, 0)
+        self.assertAlmostEqual(job.progress.test_accuracy, ref.progress.test_accuracy,
+                               delta=0.005)
+        # What the user sees: apapoctl get, and the restart on /metrics.
+        ctl = t.binary("cli", "apapoctl")
+        r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "get", job.id],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("restarts: 1", r.stdout)
+        self.assertRegex(r.stdout, rf"# restart 1: worker {victim} lost: .*; "
+                                   r"\d -> \d stage\(s\), 3 -> \d worker\(s\); "
+                                   r"resumed from step \d+ \(fault at step \d+\), "
+                                   r"[0-9.]+ s lost")
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
+                                    timeout=10) as m:
+            text = m.read().decode()
+        self.assertRegex(text, r"(?m)^apapo_job_restarts_total 1$")
+        self.assertRegex(text, r"(?m)^apapo_job_recovery_seconds_count 1$")
+
+    def test_stopped_worker_is_found_silent_and_replanned_around(self):
+        def stop(p):
+            p.proc.send_signal(signal.SIGSTOP)
+            self.stopped.append(p)
+        job, victim, placed = self.run_with_fault(stop)
+        self.assert_restarted_once(job, victim, placed)
+        self.assertIn("heartbeat", job.restart_history[0].cause)
+
+
+class TooFewWorkersTest(unittest.TestCase):
+    def test_job_waits_for_capacity_then_fails_saying_why(self):
+        c = Cluster(workers=2)
+        try:
+            job_id = c.submit(spec(steps=1_000_000, workers=2, min_workers=2,
+                                   replacement_wait_s=3))
+            c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
+            c.workers["w-2"].proc.send_signal(signal.SIGKILL)
+            waited = c.watch_until(job_id, lambda m: "waiting for capacity" in
+                                   m.event.message, timeout=120)
+            self.assertEqual(waited.state, job_pb2.JOB_STATE_RECOVERING)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=120)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+            self.assertRegex(job.error, r"worker w-2 lost: .*; only 1 worker\(s\) left: "
+                                        r"w-1 and no idle matching worker came within "
+                                        r"spec\.fault_tolerance\.replacement_wait \(3s\); "
+                                        r"min_workers is 2")
+            pids = {w.proc.pid for w in c.workers.values()}
+            t.wait_until(lambda: not stage_processes(pids), 30, "stage processes to end")
+        finally:
+            c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
