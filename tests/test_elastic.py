@@ -139,6 +139,38 @@ class ElasticJobTest(unittest.TestCase):
         self.assertIn("heartbeat", job.restart_history[0].cause)
 
 
+class CoordinatorRestartTest(unittest.TestCase):
+    def test_training_goes_on_while_the_coordinator_is_killed_and_restarted(self):
+        c = Cluster(workers=2)
+        try:
+            job_id = c.submit(spec(steps=1500, workers=2))
+            c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
+                          m.job.progress.step > 50, timeout=300)
+            daemons = {w.proc.pid for w in c.workers.values()}
+            placed = {r.worker_id for r in c.get(job_id).progress.stages}
+            t.wait_until(lambda: len(stage_processes(daemons)) >= 1, 30, "stage processes")
+            before = sorted(stage_processes(daemons))
+            step_before = c.get(job_id).progress.step
+            c.restart_coordinator()
+            # The daemons register again with the stages they train; the
+            # coordinator adopts them: the same processes, never stopped.
+            c.watch_until(job_id, lambda m: "adopted: all" in m.event.message, timeout=120)
+            self.assertEqual(sorted(stage_processes(daemons)), before)
+            job = c.get(job_id)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_RUNNING)
+            # Progress goes on from where it was, not from an old save.
+            c.watch_until(job_id, lambda m: m.job.progress.step >= step_before, timeout=120)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            self.assertEqual(job.restarts, 0)
+            self.assertGreaterEqual(job.progress.step, 1500)
+            self.assertTrue(job.progress.HasField("test_accuracy"))
+            self.assertTrue(placed)
+            t.wait_until(lambda: not stage_processes(daemons), 30, "stage processes to end")
+        finally:
+            c.close()
+
+
 class TooFewWorkersTest(unittest.TestCase):
     def test_job_waits_for_capacity_then_fails_saying_why(self):
         c = Cluster(workers=2)

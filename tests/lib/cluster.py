@@ -16,19 +16,40 @@ class Cluster:
         # Specs may name files under Debian's datasets and this cluster's
         # own folder (TorchScript models, text, checkpoints of a test).
         self.data_roots = f"--data_roots=/usr/share/datasets,{self.dir}"
+        self.coordinator_flags = ["--heartbeat_interval=500ms", "--transfer_timeout=20s",
+                                  self.data_roots,
+                                  f"--checkpoint_root={self.dir}/checkpoints",
+                                  *coordinator_flags]
         self.coordinator, self.port = t.start_coordinator(
-            self.state, extra=["--heartbeat_interval=500ms",
-                               "--transfer_timeout=20s", self.data_roots,
-                               f"--checkpoint_root={self.dir}/checkpoints",
-                               *coordinator_flags])
+            self.state, extra=self.coordinator_flags)
         m = self.coordinator.wait_for_line(r"metrics on port (\d+)")
         self.metrics_port = int(m.group(1))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
-        self.workers_stub = service_pb2_grpc.WorkerServiceStub(self.channel)
+        self.channel = None
+        self.connect()
         self.workers = {}
         for i in range(workers):
             self.add_worker(f"w-{i + 1}")
+
+    def restart_coordinator(self):
+        """kill -9 of the coordinator, then a new one on the same state and
+        port (clients and workers reconnect to it)."""
+        self.coordinator.proc.kill()
+        self.coordinator.stop()
+        self.coordinator, port = t.start_coordinator(
+            self.state, extra=[*self.coordinator_flags, f"--port={self.port}"])
+        assert port == self.port, (port, self.port)
+        m = self.coordinator.wait_for_line(r"metrics on port (\d+)")
+        self.metrics_port = int(m.group(1))
+        self.connect()
+
+    def connect(self):
+        """A new channel to the coordinator (the old one's connection died
+        with a killed coordinator)."""
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
+        self.workers_stub = service_pb2_grpc.WorkerServiceStub(self.channel)
 
     def add_worker(self, worker_id):
         self.workers[worker_id] = t.start_worker(self.port, worker_id,
