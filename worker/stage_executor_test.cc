@@ -314,7 +314,13 @@ TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
   sched.micro_batches_per_iteration = 4;
   for (bool adam : {false, true}) {
     SCOPED_TRACE(adam ? "adam" : "sgd momentum");
-    apapo::v1::OptimizerSpec spec = Sgd();  // warm-up: the LR schedule counts
+    apapo::v1::OptimizerSpec spec = Sgd();
+    // The learning rate halves every 2 steps: the resumed run must continue
+    // the schedule at step 3, not restart it.
+    spec.mutable_lr_schedule()->set_decay(
+        apapo::v1::LearningRateSchedule::DECAY_STEP);
+    spec.mutable_lr_schedule()->set_step_size(2);
+    spec.mutable_lr_schedule()->set_gamma(0.5);
     if (adam) {
       spec.mutable_adam();  // optimizer state must survive the restart
       spec.set_learning_rate(0.01);
