@@ -1,151 +1,686 @@
 #include "worker/checkpoint_store.h"
 
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace apapo::worker {
+namespace {
+
+constexpr absl::string_view kMagic = "apapo-checkpoint 1";
+constexpr absl::string_view kParam = "param";
+constexpr absl::string_view kBuffer = "buffer";
+
+// The dtypes a checkpoint stores, by c10::toString's names.
+constexpr c10::ScalarType kDTypes[] = {
+    c10::ScalarType::Float, c10::ScalarType::Double, c10::ScalarType::Half,
+    c10::ScalarType::BFloat16, c10::ScalarType::Long, c10::ScalarType::Int,
+    c10::ScalarType::Byte, c10::ScalarType::Bool};
+
+std::optional<c10::ScalarType> DTypeNamed(absl::string_view name) {
+  for (c10::ScalarType t : kDTypes) {
+    if (name == c10::toString(t)) return t;
+  }
+  return std::nullopt;
+}
+
+uint32_t Crc32(absl::string_view bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large files in pieces.
+  constexpr size_t kPiece = 1 << 30;
+  for (size_t at = 0; at < bytes.size(); at += kPiece) {
+    const size_t n = std::min(kPiece, bytes.size() - at);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at),
+                static_cast<uInt>(n));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return dims.empty() ? "-" : absl::StrJoin(dims, "x");
+}
+
+std::vector<int64_t> DimsOf(const at::Tensor& t) {
+  return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
+}
+
+// The rows tensor `t` has (first dimension; a 0-d tensor is one row).
+int64_t RowsOf(const std::vector<int64_t>& dims) {
+  return dims.empty() ? 1 : dims[0];
+}
+
+absl::Status DataLoss(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(
+      absl::StrCat("checkpoint file '", path, "': ", what));
+}
+
+absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
+    const std::string& path, const std::string& dir, absl::string_view text) {
+  FileCheckpointStore::Manifest m;
+  m.path = path;
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  if (lines.empty() || lines[0] != kMagic) {
+    return DataLoss(path, absl::StrCat("not a manifest (no '", kMagic,
+                                       "' line)"));
+  }
+  bool ended = false;
+  std::set<std::string> seen;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    if (lines[i].empty()) continue;
+    if (ended) return DataLoss(path, "text after 'end'");
+    std::vector<absl::string_view> f =
+        absl::StrSplit(lines[i], ' ', absl::SkipEmpty());
+    const std::string line_no = absl::StrCat("line ", i + 1, ": ");
+    auto bad = [&](absl::string_view why) {
+      return DataLoss(path, absl::StrCat(line_no, why, ": '", lines[i], "'"));
+    };
+    auto int_at = [&](size_t k, int64_t* out) {
+      return k < f.size() && absl::SimpleAtoi(f[k], out);
+    };
+    if (f[0] == "end") {
+      ended = true;
+    } else if (f[0] == "step") {
+      if (!int_at(1, &m.step)) return bad("bad step");
+    } else if (f[0] == "version") {
+      if (!int_at(1, &m.version)) return bad("bad version");
+    } else if (f[0] == "stage") {
+      int64_t s;
+      if (!int_at(1, &s)) return bad("bad stage");
+    } else if (f[0] == "optimizer_steps") {
+      if (!int_at(1, &m.optimizer_steps)) return bad("bad optimizer_steps");
+    } else if (f[0] == "slots") {
+      for (size_t k = 1; k < f.size(); ++k) m.slots.emplace_back(f[k]);
+    } else if (f[0] == "data") {
+      uint32_t crc;
+      if (f.size() != 4 || absl::StrContains(f[1], '/') ||
+          !absl::SimpleAtoi(f[2], &m.data_bytes) ||
+          !absl::SimpleAtoi(f[3], &crc)) {
+        return bad("bad data record");
+      }
+      m.data_path = absl::StrCat(dir, "/", f[1]);
+      m.data_crc = crc;
+    } else if (f[0] == "tensor") {
+      FileCheckpointStore::Entry e;
+      if (f.size() != 9) return bad("a tensor record has 9 fields");
+      e.key = std::string(f[1]);
+      e.dtype = std::string(f[2]);
+      if (!int_at(3, &e.rows.begin) || !int_at(4, &e.rows.end) ||
+          !int_at(5, &e.total_rows) || !int_at(6, &e.offset) ||
+          !int_at(7, &e.bytes)) {
+        return bad("bad number");
+      }
+      if (f[8] != "-") {
+        for (absl::string_view d : absl::StrSplit(f[8], 'x')) {
+          int64_t v;
+          if (!absl::SimpleAtoi(d, &v) || v < 0) return bad("bad dims");
+          e.dims.push_back(v);
+        }
+      }
+      const auto dtype = DTypeNamed(e.dtype);
+      if (!dtype.has_value()) return bad("unknown dtype");
+      int64_t numel = 1;
+      for (int64_t d : e.dims) numel *= d;
+      if (e.rows.begin < 0 || e.rows.end > e.total_rows ||
+          e.rows.size() != RowsOf(e.dims) || e.offset < 0 ||
+          e.bytes != numel * static_cast<int64_t>(c10::elementSize(*dtype))) {
+        return bad("rows, dims and bytes disagree");
+      }
+      if (!seen.insert(absl::StrCat(e.key, "@", e.rows.begin)).second) {
+        return bad("rows twice");
+      }
+      m.entries.push_back(std::move(e));
+    } else {
+      return bad("unknown record");
+    }
+  }
+  if (!ended) return DataLoss(path, "truncated (no 'end' line)");
+  if (m.data_path.empty()) return DataLoss(path, "no data record");
+  for (const auto& e : m.entries) {
+    if (e.offset + e.bytes > m.data_bytes) {
+      return DataLoss(path, absl::StrCat("tensor '", e.key,
+                                         "' lies past the data's end"));
+    }
+  }
+  return m;
+}
+
+std::string ManifestText(const FileCheckpointStore::Manifest& m, int stage,
+                         absl::string_view data_name) {
+  std::string out = absl::StrCat(kMagic, "\n");
+  absl::StrAppend(&out, "step ", m.step, "\n", "version ", m.version, "\n",
+                  "stage ", stage, "\n", "optimizer_steps ",
+                  m.optimizer_steps, "\n");
+  absl::StrAppend(&out, "slots");
+  for (const auto& s : m.slots) absl::StrAppend(&out, " ", s);
+  absl::StrAppend(&out, "\n", "data ", data_name, " ", m.data_bytes, " ",
+                  m.data_crc, "\n");
+  for (const auto& e : m.entries) {
+    absl::StrAppend(&out, "tensor ", e.key, " ", e.dtype, " ", e.rows.begin,
+                    " ", e.rows.end, " ", e.total_rows, " ", e.offset, " ",
+                    e.bytes, " ", DimsString(e.dims), "\n");
+  }
+  absl::StrAppend(&out, "end\n");
+  return out;
+}
+
+}  // namespace
+
+StageCheckpoint StageCheckpoint::Clone() const {
+  torch::NoGradGuard no_grad;
+  StageCheckpoint c;
+  c.step = step;
+  c.version = version;
+  c.parameter_names = parameter_names;
+  for (const auto& p : parameters) c.parameters.push_back(p.detach().clone());
+  c.optimizer.steps = optimizer.steps;
+  c.optimizer.slot_names = optimizer.slot_names;
+  for (const auto& slots : optimizer.per_param) {
+    std::vector<at::Tensor> copy;
+    for (const auto& t : slots) {
+      copy.push_back(t.defined() ? t.detach().clone() : at::Tensor());
+    }
+    c.optimizer.per_param.push_back(std::move(copy));
+  }
+  for (const auto& [name, b] : buffers) {
+    c.buffers.emplace_back(name, b.detach().clone());
+  }
+  return c;
+}
 
 FileCheckpointStore::FileCheckpointStore(std::string directory,
                                          int64_t keep_within_steps,
+                                         const AnalyzedGraph* graph,
                                          FileSystem* fs)
     : directory_(std::move(directory)),
       keep_within_steps_(std::max<int64_t>(1, keep_within_steps)),
-      fs_(fs) {}
-
-std::string FileCheckpointStore::PathOf(int64_t step, int stage,
-                                        int replica) const {
-  return absl::StrCat(directory_, "/step", step, ".stage", stage, ".replica",
-                      replica, ".pt");
+      graph_(graph),
+      fs_(fs) {
+  for (int i = 0; i < static_cast<int>(graph_->nodes().size()); ++i) {
+    const NodeInfo& n = graph_->nodes()[i];
+    const NodeOrigin o = OriginOf(*graph_, i);
+    origins_.emplace(o.id, i);
+    for (const ParamInfo& p : n.params) {
+      required_[absl::StrCat(kParam, "/", o.id, ".", p.name)] =
+          o.is_part ? o.total_rows : RowsOf(p.shape);
+    }
+  }
 }
 
-absl::Status FileCheckpointStore::Save(int stage, int replica,
-                                       const StageCheckpoint& c) {
-  if (absl::Status st = fs_->CreateDir(directory_); !st.ok()) return st;
-  const std::string path = PathOf(c.step, stage, replica);
-  // Layout: [step, version], [#params], params..., [#state], state...,
-  // buffers... (the number of buffers is the model's).
-  std::ostringstream bytes;
-  try {
-    std::vector<at::Tensor> all;
-    all.push_back(torch::tensor({c.step, c.version}, torch::kLong));
-    all.push_back(torch::tensor({static_cast<int64_t>(c.parameters.size())},
-                                torch::kLong));
-    for (const auto& p : c.parameters) all.push_back(p.detach());
-    all.push_back(torch::tensor(
-        {static_cast<int64_t>(c.optimizer_state.size())}, torch::kLong));
-    for (const auto& t : c.optimizer_state) all.push_back(t);
-    for (const auto& b : c.buffers) all.push_back(b);
-    torch::save(all, bytes);
-  } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat("writing checkpoint '", path, "' failed: ", e.what()));
+std::string FileCheckpointStore::StepDir(int64_t step) const {
+  return absl::StrCat(directory_, "/step-", step);
+}
+std::string FileCheckpointStore::ManifestPath(int64_t step, int stage) const {
+  return absl::StrCat(StepDir(step), "/stage-", stage, ".manifest");
+}
+std::string FileCheckpointStore::DataPath(int64_t step, int stage) const {
+  return absl::StrCat(StepDir(step), "/stage-", stage, ".data");
+}
+
+absl::StatusOr<FileCheckpointStore::Entry> FileCheckpointStore::KeyOf(
+    const std::string& prefix, const std::string& name,
+    const at::Tensor& t) const {
+  // "<node>.<rest>": node ids may hold dots, so take the first prefix of
+  // `name` that is a node of the graph.
+  for (size_t dot = name.find('.'); dot != std::string::npos;
+       dot = name.find('.', dot + 1)) {
+    const int index = graph_->IndexOf(name.substr(0, dot));
+    if (index < 0) continue;
+    const NodeOrigin o = OriginOf(*graph_, index);
+    Entry e;
+    e.key = absl::StrCat(prefix, "/", o.id, name.substr(dot));
+    e.dims = DimsOf(t);
+    if (o.is_part && prefix != kBuffer) {
+      e.rows = o.rows;
+      e.total_rows = o.total_rows;
+      if (RowsOf(e.dims) != o.rows.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", name, "' has ", RowsOf(e.dims), " rows, its part of '", o.id,
+            "' has ", o.rows.size()));
+      }
+    } else {
+      e.rows = {0, RowsOf(e.dims)};
+      e.total_rows = RowsOf(e.dims);
+    }
+    return e;
   }
-  if (absl::Status st = fs_->WriteAtomically(path, bytes.str()); !st.ok()) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' names no node of the model graph"));
+}
+
+absl::Status FileCheckpointStore::Save(int stage, const StageCheckpoint& c) {
+  const std::string data_path = DataPath(c.step, stage);
+  const std::string manifest_path = ManifestPath(c.step, stage);
+  auto failed = [&](const std::string& path, const absl::Status& st) {
     return absl::Status(st.code(), absl::StrCat("writing checkpoint '", path,
                                                 "' failed: ", st.message()));
+  };
+  if (c.parameters.size() != c.parameter_names.size() ||
+      (!c.optimizer.per_param.empty() &&
+       c.optimizer.per_param.size() != c.parameters.size())) {
+    return failed(manifest_path, absl::InvalidArgumentError(
+                                     "names, parameters and optimizer state "
+                                     "differ in length"));
   }
-  auto steps = Steps(stage, replica);
+  Manifest m;
+  m.step = c.step;
+  m.version = c.version;
+  m.optimizer_steps = c.optimizer.steps;
+  m.slots = c.optimizer.slot_names;
+  std::string data;
+  try {
+    torch::NoGradGuard no_grad;
+    auto add = [&](const std::string& prefix, const std::string& name,
+                   const at::Tensor& t) -> absl::Status {
+      auto e = KeyOf(prefix, name, t);
+      if (!e.ok()) return e.status();
+      const at::Tensor flat = t.detach().cpu().contiguous();
+      e->dtype = c10::toString(flat.scalar_type());
+      if (!DTypeNamed(e->dtype).has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", name, "' has unsupported dtype ", e->dtype));
+      }
+      e->offset = static_cast<int64_t>(data.size());
+      e->bytes = static_cast<int64_t>(flat.nbytes());
+      data.append(static_cast<const char*>(flat.data_ptr()), flat.nbytes());
+      m.entries.push_back(*std::move(e));
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < c.parameters.size(); ++i) {
+      const std::string& name = c.parameter_names[i];
+      if (absl::Status st = add(std::string(kParam), name, c.parameters[i]);
+          !st.ok()) {
+        return failed(manifest_path, st);
+      }
+      if (c.optimizer.per_param.empty()) continue;
+      const auto& slots = c.optimizer.per_param[i];
+      for (size_t k = 0; k < slots.size() && k < m.slots.size(); ++k) {
+        if (!slots[k].defined()) continue;
+        if (absl::Status st = add(m.slots[k], name, slots[k]); !st.ok()) {
+          return failed(manifest_path, st);
+        }
+      }
+    }
+    for (const auto& [name, b] : c.buffers) {
+      if (absl::Status st = add(std::string(kBuffer), name, b); !st.ok()) {
+        return failed(manifest_path, st);
+      }
+    }
+  } catch (const std::exception& e) {
+    return failed(data_path, absl::InternalError(e.what()));
+  }
+  m.data_bytes = static_cast<int64_t>(data.size());
+  m.data_crc = Crc32(data);
+  if (absl::Status st = fs_->CreateDir(StepDir(c.step)); !st.ok()) {
+    return failed(data_path, st);
+  }
+  if (absl::Status st = fs_->WriteAtomically(data_path, data); !st.ok()) {
+    return failed(data_path, st);
+  }
+  data.clear();
+  data.shrink_to_fit();
+  const std::string data_name = absl::StrCat("stage-", stage, ".data");
+  if (absl::Status st = fs_->WriteAtomically(manifest_path,
+                                             ManifestText(m, stage, data_name));
+      !st.ok()) {
+    return failed(manifest_path, st);
+  }
+  // Prune once this step is complete (see the header).
+  auto manifests = ReadManifests(c.step);
+  if (!manifests.ok() || !Complete(*manifests)) return absl::OkStatus();
+  auto steps = Steps();
   if (!steps.ok()) return steps.status();
   for (int64_t old : *steps) {
     if (old < c.step - keep_within_steps_) {
-      if (absl::Status st = fs_->Remove(PathOf(old, stage, replica)); !st.ok()) {
-        return st;
-      }
+      if (absl::Status st = RemoveStep(old); !st.ok()) return st;
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> FileCheckpointStore::Steps(int stage,
-                                                                int replica) {
+absl::StatusOr<std::vector<int64_t>> FileCheckpointStore::Steps() const {
   auto names = fs_->List(directory_);
   if (!names.ok()) return names.status();
-  const std::string suffix =
-      absl::StrCat(".stage", stage, ".replica", replica, ".pt");
   std::vector<int64_t> steps;
   for (const std::string& name : *names) {
-    if (!absl::StartsWith(name, "step") || !absl::EndsWith(name, suffix)) {
-      continue;
-    }
     int64_t step;
-    if (absl::SimpleAtoi(name.substr(4, name.size() - 4 - suffix.size()),
-                         &step)) {
+    if (absl::StartsWith(name, "step-") &&
+        absl::SimpleAtoi(name.substr(5), &step)) {
       steps.push_back(step);
     }
   }
+  std::sort(steps.begin(), steps.end());
   return steps;
 }
 
-absl::StatusOr<StageCheckpoint> FileCheckpointStore::Load(
-    int stage, int replica, int64_t step, size_t num_parameters) {
-  const std::string path = PathOf(step, stage, replica);
-  auto bytes = fs_->Read(path);
-  if (!bytes.ok()) {
-    return absl::DataLossError(absl::StrCat("reading checkpoint '", path,
-                                            "' failed: ",
-                                            bytes.status().message()));
-  }
-  StageCheckpoint c;
-  try {
-    std::istringstream in(*bytes);
-    std::vector<at::Tensor> all;
-    torch::load(all, in);
-    size_t k = 0;
-    auto next = [&]() -> const at::Tensor& {
-      if (k >= all.size()) throw std::runtime_error("truncated");
-      return all[k++];
-    };
-    const at::Tensor& header = next();
-    c.step = header[0].item<int64_t>();
-    c.version = header[1].item<int64_t>();
-    const int64_t np = next().item<int64_t>();
-    if (np != static_cast<int64_t>(num_parameters)) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint '", path, "' holds ", np,
-                       " parameters, the stage has ", num_parameters));
+absl::StatusOr<std::vector<FileCheckpointStore::Manifest>>
+FileCheckpointStore::ReadManifests(int64_t step) const {
+  const std::string dir = StepDir(step);
+  auto names = fs_->List(dir);
+  if (!names.ok()) return names.status();
+  std::sort(names->begin(), names->end());
+  std::vector<Manifest> out;
+  for (const std::string& name : *names) {
+    if (!absl::EndsWith(name, ".manifest")) continue;
+    const std::string path = absl::StrCat(dir, "/", name);
+    auto text = fs_->Read(path);
+    if (!text.ok()) {
+      if (absl::IsNotFound(text.status())) continue;  // pruned meanwhile
+      return DataLoss(path, text.status().message());
     }
-    for (int64_t i = 0; i < np; ++i) {
-      c.parameters.push_back(next().clone().set_requires_grad(true));
+    auto m = ParseManifest(path, dir, *text);
+    if (!m.ok()) return m.status();
+    if (m->step != step) {
+      return DataLoss(path, absl::StrCat("holds step ", m->step));
     }
-    const int64_t ns = next().item<int64_t>();
-    for (int64_t i = 0; i < ns; ++i) c.optimizer_state.push_back(next());
-    while (k < all.size()) c.buffers.push_back(all[k++]);
-  } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("reading checkpoint '", path, "' failed: ", e.what()));
+    for (const Entry& e : m->entries) {
+      const size_t slash = e.key.find('/');
+      const std::string kind = e.key.substr(0, slash);
+      bool known;
+      if (kind == kBuffer) {
+        const std::string rest = e.key.substr(slash + 1);
+        known = false;
+        for (size_t dot = rest.find('.'); dot != std::string::npos && !known;
+             dot = rest.find('.', dot + 1)) {
+          known = origins_.count(rest.substr(0, dot)) > 0;
+        }
+      } else {
+        auto it = slash == std::string::npos
+                      ? required_.end()
+                      : required_.find(absl::StrCat(kParam, e.key.substr(slash)));
+        known = it != required_.end();
+        if (known && e.total_rows != it->second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "checkpoint file '", path, "': '", e.key, "' has ",
+              e.total_rows, " rows, the model graph's has ", it->second));
+        }
+      }
+      if (!known) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint file '", path, "' names '", e.key,
+                         "', which the model graph does not have"));
+      }
+    }
+    out.push_back(*std::move(m));
   }
-  return c;
+  return out;
 }
 
-absl::StatusOr<std::optional<int64_t>> NewestCommonStep(
-    CheckpointStore& store, const std::vector<std::pair<int, int>>& replicas) {
-  std::set<int64_t> common;
-  bool first = true;
-  for (const auto& [stage, replica] : replicas) {
-    auto steps = store.Steps(stage, replica);
-    if (!steps.ok()) return steps.status();
-    std::set<int64_t> mine(steps->begin(), steps->end());
-    if (first) {
-      common = std::move(mine);
-      first = false;
-      continue;
-    }
-    std::set<int64_t> both;
-    for (int64_t x : mine) {
-      if (common.count(x)) both.insert(x);
-    }
-    common = std::move(both);
+bool FileCheckpointStore::Complete(const std::vector<Manifest>& manifests) const {
+  if (manifests.empty()) return false;
+  std::map<std::string, std::vector<RowRange>> have;
+  for (const Manifest& m : manifests) {
+    for (const Entry& e : m.entries) have[e.key].push_back(e.rows);
   }
-  if (common.empty()) return std::optional<int64_t>();
-  return std::optional<int64_t>(*common.rbegin());
+  for (const auto& [key, rows] : required_) {
+    auto it = have.find(key);
+    if (it == have.end()) return false;
+    std::vector<RowRange>& r = it->second;
+    std::sort(r.begin(), r.end(), [](const RowRange& a, const RowRange& b) {
+      return a.begin < b.begin;
+    });
+    int64_t covered = 0;
+    for (const RowRange& x : r) {
+      if (x.begin > covered) return false;
+      covered = std::max(covered, x.end);
+    }
+    if (covered < rows) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::optional<int64_t>> FileCheckpointStore::NewestCompleteStep() {
+  auto steps = Steps();
+  if (!steps.ok()) return steps.status();
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    auto manifests = ReadManifests(*it);
+    if (!manifests.ok()) return manifests.status();
+    if (Complete(*manifests)) return std::optional<int64_t>(*it);
+  }
+  return std::optional<int64_t>();
+}
+
+absl::Status FileCheckpointStore::Load(int64_t step, StageCheckpoint* into) {
+  auto manifests = ReadManifests(step);
+  if (!manifests.ok()) return manifests.status();
+  if (!Complete(*manifests)) {
+    return absl::DataLossError(absl::StrCat("checkpoint step ", step, " in '",
+                                            StepDir(step),
+                                            "' is not complete"));
+  }
+  // key -> (manifest, entry) of every piece.
+  std::map<std::string, std::vector<std::pair<int, int>>> pieces;
+  for (int k = 0; k < static_cast<int>(manifests->size()); ++k) {
+    const auto& entries = (*manifests)[k].entries;
+    for (int e = 0; e < static_cast<int>(entries.size()); ++e) {
+      pieces[entries[e].key].emplace_back(k, e);
+    }
+  }
+  std::map<int, std::string> data;  // manifest -> its data file, once read
+  auto data_of = [&](int k) -> absl::StatusOr<const std::string*> {
+    auto it = data.find(k);
+    if (it != data.end()) return &it->second;
+    const Manifest& m = (*manifests)[k];
+    auto bytes = fs_->Read(m.data_path);
+    if (!bytes.ok()) return DataLoss(m.data_path, bytes.status().message());
+    if (static_cast<int64_t>(bytes->size()) != m.data_bytes) {
+      return DataLoss(m.data_path,
+                      absl::StrCat("holds ", bytes->size(), " bytes, '",
+                                   m.path, "' says ", m.data_bytes));
+    }
+    if (Crc32(*bytes) != m.data_crc) {
+      return DataLoss(m.data_path, "checksum mismatch (corrupt)");
+    }
+    return &data.emplace(k, *std::move(bytes)).first->second;
+  };
+  // The tensor of `key`'s rows `want`, gathered from the pieces, shaped and
+  // typed like `like`; absent (undefined, OK) when no file holds `key` and
+  // `optional`.
+  auto gather = [&](const Entry& want, const at::Tensor& like,
+                    bool optional) -> absl::StatusOr<at::Tensor> {
+    auto it = pieces.find(want.key);
+    if (it == pieces.end()) {
+      if (optional) return at::Tensor();
+      return absl::DataLossError(absl::StrCat("checkpoint step ", step, " in '",
+                                              StepDir(step), "' holds no '",
+                                              want.key, "'"));
+    }
+    std::vector<std::pair<int, int>> sorted = it->second;
+    std::sort(sorted.begin(), sorted.end(), [&](auto a, auto b) {
+      return (*manifests)[a.first].entries[a.second].rows.begin <
+             (*manifests)[b.first].entries[b.second].rows.begin;
+    });
+    std::vector<at::Tensor> parts;
+    int64_t at_row = want.rows.begin;
+    for (const auto& [k, ei] : sorted) {
+      if (at_row >= want.rows.end) break;
+      const Entry& e = (*manifests)[k].entries[ei];
+      const std::string& path = (*manifests)[k].path;
+      if (e.rows.end <= at_row || e.rows.begin > at_row) continue;
+      const c10::ScalarType dtype = *DTypeNamed(e.dtype);
+      const std::vector<int64_t> like_dims = DimsOf(like);
+      const bool dims_agree =
+          e.dims.size() == like_dims.size() &&
+          std::equal(e.dims.begin() + (e.dims.empty() ? 0 : 1), e.dims.end(),
+                     like_dims.begin() + (like_dims.empty() ? 0 : 1));
+      if (dtype != like.scalar_type() || !dims_agree ||
+          e.total_rows != want.total_rows) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint file '", path, "': '", e.key, "' is ", e.dtype, " ",
+            DimsString(e.dims), " of ", e.total_rows, " rows; the stage needs ",
+            c10::toString(like.scalar_type()), " ", DimsString(like_dims),
+            " of ", want.total_rows));
+      }
+      auto bytes = data_of(k);
+      if (!bytes.ok()) return bytes.status();
+      at::Tensor piece = torch::empty(e.dims, torch::dtype(dtype));
+      std::memcpy(piece.data_ptr(), (*bytes)->data() + e.offset, e.bytes);
+      const int64_t take = std::min(want.rows.end, e.rows.end) - at_row;
+      if (!e.dims.empty() &&
+          (at_row != e.rows.begin || take != e.rows.size())) {
+        piece = piece.narrow(0, at_row - e.rows.begin, take);
+      }
+      parts.push_back(piece);
+      at_row += take;
+    }
+    if (at_row < want.rows.end) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint step ", step, " in '", StepDir(step), "' lacks rows [",
+          at_row, ", ", want.rows.end, ") of '", want.key, "'"));
+    }
+    return parts.size() == 1 ? parts[0].contiguous() : torch::cat(parts, 0);
+  };
+
+  StageCheckpoint& c = *into;
+  const Manifest& first = manifests->front();
+  c.step = step;
+  c.version = first.version;
+  for (const Manifest& m : *manifests) {
+    if (m.slots != c.optimizer.slot_names) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint file '", m.path, "' holds optimizer slots {",
+          absl::StrJoin(m.slots, ", "), "}, the stage's optimizer keeps {",
+          absl::StrJoin(c.optimizer.slot_names, ", "), "}"));
+    }
+    if (m.version != first.version ||
+        m.optimizer_steps != first.optimizer_steps) {
+      return DataLoss(m.path, absl::StrCat("version ", m.version,
+                                           " / optimizer_steps ",
+                                           m.optimizer_steps, " but '",
+                                           first.path, "' says ",
+                                           first.version, " / ",
+                                           first.optimizer_steps));
+    }
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    const std::vector<std::string> slots = c.optimizer.slot_names;
+    std::vector<std::vector<at::Tensor>> per_param(c.parameters.size());
+    size_t with_state = 0;
+    for (size_t i = 0; i < c.parameters.size(); ++i) {
+      const std::string& name = c.parameter_names[i];
+      auto want = KeyOf(std::string(kParam), name, c.parameters[i]);
+      if (!want.ok()) return want.status();
+      auto p = gather(*want, c.parameters[i], /*optional=*/false);
+      if (!p.ok()) return p.status();
+      c.parameters[i] = p->set_requires_grad(true);
+      bool all = true;
+      for (const std::string& slot : slots) {
+        auto w = KeyOf(slot, name, c.parameters[i]);
+        if (!w.ok()) return w.status();
+        auto t = gather(*w, c.parameters[i], /*optional=*/true);
+        if (!t.ok()) return t.status();
+        all = all && t->defined();
+        per_param[i].push_back(*t);
+      }
+      if (all && !slots.empty()) ++with_state;
+    }
+    if (with_state != 0 && with_state != c.parameters.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint step ", step, " in '", StepDir(step),
+          "' holds optimizer state for ", with_state, " of the stage's ",
+          c.parameters.size(), " parameters"));
+    }
+    c.optimizer.steps = first.optimizer_steps;
+    if (with_state == 0) per_param.clear();
+    c.optimizer.per_param = std::move(per_param);
+    for (auto& [name, b] : c.buffers) {
+      auto want = KeyOf(std::string(kBuffer), name, b);
+      if (!want.ok()) return want.status();
+      auto t = gather(*want, b, /*optional=*/false);
+      if (!t.ok()) return t.status();
+      b = *t;
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("loading checkpoint step ", step,
+                                            " from '", StepDir(step),
+                                            "' failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FileCheckpointStore::RemoveStep(int64_t step) const {
+  const std::string dir = StepDir(step);
+  auto names = fs_->List(dir);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (absl::Status st = fs_->Remove(absl::StrCat(dir, "/", name)); !st.ok()) {
+      return st;
+    }
+  }
+  // Best effort: another stage may be pruning the same step.
+  fs_->Remove(dir).IgnoreError();
+  return absl::OkStatus();
+}
+
+absl::Status FileCheckpointStore::RemoveStepsAfter(int64_t step) {
+  auto steps = Steps();
+  if (!steps.ok()) return steps.status();
+  for (int64_t s : *steps) {
+    if (s > step) {
+      if (absl::Status st = RemoveStep(s); !st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- CheckpointWriter ----
+
+CheckpointWriter::CheckpointWriter(CheckpointStore* store, int stage)
+    : store_(store), stage_(stage), thread_([this] { Loop(); }) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::Status CheckpointWriter::Submit(StageCheckpoint snapshot) {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &CheckpointWriter::Idle));
+  if (!error_.ok()) return error_;
+  pending_ = std::move(snapshot);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &CheckpointWriter::Idle));
+  return error_;
+}
+
+void CheckpointWriter::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(this, &CheckpointWriter::HasWork));
+    if (!pending_.has_value()) return;  // stopped, nothing left to write
+    StageCheckpoint c = *std::move(pending_);
+    pending_.reset();
+    writing_ = true;
+    mu_.Unlock();
+    absl::Status st;
+    try {
+      st = store_->Save(stage_, c);
+    } catch (const std::exception& e) {
+      st = absl::InternalError(absl::StrCat("writing checkpoint step ", c.step,
+                                            " failed: ", e.what()));
+    }
+    c = StageCheckpoint();  // free the snapshot before reporting idle
+    mu_.Lock();
+    writing_ = false;
+    if (!st.ok() && error_.ok()) error_ = st;
+  }
 }
 
 }  // namespace apapo::worker

@@ -1,5 +1,8 @@
 #include "worker/file_system.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -40,23 +43,51 @@ class PosixFileSystem : public FileSystem {
     return names;
   }
 
+  // Durable as well as atomic: the data reaches the disk before the rename
+  // (fsync of the file) and the rename does too (fsync of the directory),
+  // so after a crash `path` holds the old or the new bytes, whole.
   absl::Status WriteAtomically(const std::string& path,
                                absl::string_view bytes) override {
     const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      out.flush();
-      if (!out) {
-        return absl::InternalError(absl::StrCat("writing '", tmp, "' failed: ",
-                                                std::strerror(errno)));
+    auto failed = [&](absl::string_view what, const std::string& p) {
+      return absl::InternalError(absl::StrCat(what, " '", p, "' failed: ",
+                                              std::strerror(errno)));
+    };
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                          0644);
+    if (fd < 0) return failed("creating", tmp);
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        absl::Status st = failed("writing", tmp);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return st;
       }
+      done += static_cast<size_t>(n);
     }
+    if (::fsync(fd) != 0) {
+      absl::Status st = failed("syncing", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return st;
+    }
+    if (::close(fd) != 0) return failed("closing", tmp);
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
       return absl::InternalError(absl::StrCat("renaming '", tmp, "' to '", path,
                                               "' failed: ",
                                               std::strerror(errno)));
     }
+    const std::string dir =
+        std::filesystem::path(path).parent_path().string();
+    const int dfd = ::open(dir.empty() ? "." : dir.c_str(),
+                           O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return failed("opening directory", dir);
+    const int synced = ::fsync(dfd);
+    ::close(dfd);
+    if (synced != 0) return failed("syncing directory", dir);
     return absl::OkStatus();
   }
 

@@ -21,15 +21,18 @@ class FileSystem {
   virtual ~FileSystem() = default;
   // Creates `dir` (and missing parents); OK if it exists.
   virtual absl::Status CreateDir(const std::string& dir) = 0;
-  // Names of the entries of `dir` (no "." or ".."); empty if it is missing.
+  // Names of the entries of `dir`, files and directories (no "." or "..");
+  // empty if it is missing.
   virtual absl::StatusOr<std::vector<std::string>> List(
       const std::string& dir) = 0;
   // Writes `path` with `bytes`: to "<path>.tmp", then renamed over `path`,
-  // so a reader sees the old or the new content, never a part.
+  // so a reader sees the old or the new content, never a part. The local
+  // implementation fsyncs the file before the rename and the directory
+  // after it, so the same holds after a crash.
   virtual absl::Status WriteAtomically(const std::string& path,
                                        absl::string_view bytes) = 0;
   virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
-  // OK if `path` is already gone.
+  // Removes a file or an empty directory; OK if `path` is already gone.
   virtual absl::Status Remove(const std::string& path) = 0;
 };
 

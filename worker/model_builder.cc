@@ -422,16 +422,19 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
   return params;
 }
 
-std::vector<at::Tensor> StageModel::Buffers() const {
-  std::vector<at::Tensor> out;
+std::vector<std::pair<std::string, at::Tensor>> StageModel::Buffers() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& k : kernels_) {
     const KernelSettings& s = k->settings;
+    const std::string& id = k->info->id();
     if (s.running_mean.defined()) {
-      out.push_back(s.running_mean);
-      out.push_back(s.running_var);
+      out.emplace_back(absl::StrCat(id, ".running_mean"), s.running_mean);
+      out.emplace_back(absl::StrCat(id, ".running_var"), s.running_var);
     }
     if (s.torchscript) {
-      for (const at::Tensor& b : s.torchscript->Buffers()) out.push_back(b);
+      for (auto& [name, b] : s.torchscript->Buffers()) {
+        out.emplace_back(absl::StrCat(id, ".", name), b);
+      }
     }
   }
   return out;

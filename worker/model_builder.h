@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -74,8 +75,10 @@ class StageModel {
                                        const std::vector<at::Tensor>& params,
                                        bool training);
 
-  // BatchNorm running statistics, for checkpoints (may be empty).
-  std::vector<at::Tensor> Buffers() const;
+  // BatchNorm running statistics, for checkpoints (may be empty), each
+  // named "<node>.<buffer>" ("bn1.running_mean"); the tensors are the
+  // model's own, updated in place by Forward.
+  std::vector<std::pair<std::string, at::Tensor>> Buffers() const;
 
  private:
   struct Kernel;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -340,8 +341,8 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
     for (int i = 0; i < parts; ++i) {
       LayerNode part = original;
       part.set_id(absl::StrCat(id, "/", i));
-      (*part.mutable_attrs())["out_features"].set_i(width / parts +
-                                                    (i < width % parts ? 1 : 0));
+      (*part.mutable_attrs())["out_features"].set_i(
+          SplitPartRows(width, parts, i).size());
       concat.add_inputs(part.id());
       part_nodes.push_back(std::move(part));
     }
@@ -353,6 +354,58 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
   // Validate the result (ids such as "<id>/0" must not collide).
   APAPO_RETURN_IF_ERROR(AnalyzedGraph::Create(graph).status());
   return graph;
+}
+
+RowRange SplitPartRows(int64_t width, int parts, int part) {
+  // q = width / parts features each, and the first r = width % parts parts
+  // one more: part i starts at i q + min(i, r).
+  const int64_t q = width / parts, r = width % parts;
+  RowRange rows;
+  rows.begin = part * q + std::min<int64_t>(part, r);
+  rows.end = rows.begin + q + (part < r ? 1 : 0);
+  return rows;
+}
+
+NodeOrigin OriginOf(const AnalyzedGraph& graph, int node_index) {
+  const NodeInfo& node = graph.nodes()[node_index];
+  NodeOrigin origin;
+  origin.id = node.id();
+  const size_t slash = node.id().rfind('/');
+  int part = -1;
+  if (node.kind() != apapo::v1::LAYER_KIND_LINEAR ||
+      slash == std::string::npos ||
+      !absl::SimpleAtoi(node.id().substr(slash + 1), &part) || part < 0) {
+    return origin;
+  }
+  const std::string whole = node.id().substr(0, slash);
+  const int concat = graph.IndexOf(whole);
+  if (concat < 0 ||
+      graph.nodes()[concat].kind() != apapo::v1::LAYER_KIND_CONCAT) {
+    return origin;
+  }
+  const NodeInfo& c = graph.nodes()[concat];
+  const int parts = static_cast<int>(c.inputs.size());
+  if (part >= parts) return origin;
+  int64_t width = 0;
+  for (int k = 0; k < parts; ++k) {
+    const NodeInfo& p = graph.nodes()[c.inputs[k]];
+    if (p.id() != absl::StrCat(whole, "/", k) ||
+        p.kind() != apapo::v1::LAYER_KIND_LINEAR || p.out_shape.empty()) {
+      return origin;
+    }
+    width += p.out_shape.back();
+  }
+  for (int k = 0; k < parts; ++k) {
+    if (graph.nodes()[c.inputs[k]].out_shape.back() !=
+        SplitPartRows(width, parts, k).size()) {
+      return origin;
+    }
+  }
+  origin.id = whole;
+  origin.is_part = true;
+  origin.rows = SplitPartRows(width, parts, part);
+  origin.total_rows = width;
+  return origin;
 }
 
 absl::StatusOr<AnalyzedGraph> AnalyzedGraph::Create(ModelGraph graph) {

@@ -85,6 +85,19 @@ absl::StatusOr<apapo::v1::ModelGraph> SplitLinearLayers(
     apapo::v1::ModelGraph graph,
     const std::vector<std::pair<std::string, int>>& splits);
 
+// Rows [begin, end) of a tensor's first dimension.
+struct RowRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// The output features part `part` of a Linear of `width` features split in
+// `parts` holds (SplitLinearLayers' partition: contiguous, the first
+// width % parts parts one feature wider). 0 <= part < parts <= width.
+RowRange SplitPartRows(int64_t width, int parts, int part);
+
+
 // A parameter tensor of a node, in the order the node's kernel expects it.
 struct ParamInfo {
   std::string name;  // "weight", "bias", "qkv.weight", ...
@@ -142,6 +155,19 @@ class AnalyzedGraph {
   int loss_index_ = -1;
   Shape label_shape_;
 };
+
+// Where a node of a (possibly split) graph came from in the graph before
+// SplitLinearLayers: the node `id` and, for a part "<id>/<j>" of a split
+// Linear (recognised by its CONCAT "<id>" of parts "<id>/0".. whose widths
+// are SplitPartRows'), the rows of the whole Linear's output features it
+// holds; those are the rows of each of its parameters (weight and bias).
+struct NodeOrigin {
+  std::string id;
+  bool is_part = false;
+  RowRange rows;           // parts only
+  int64_t total_rows = 0;  // parts only: the whole Linear's out_features
+};
+NodeOrigin OriginOf(const AnalyzedGraph& graph, int node_index);
 
 // The name of the labels entry that travels with every cut's bundle.
 inline constexpr absl::string_view kLabelsEntry = "__labels__";

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -64,6 +65,37 @@ TEST(ModelGraphTest, SplitLinearLayersKeepsShapesAndParameters) {
   auto same = SplitLinearLayers(*graph, {});
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same->nodes_size(), graph->nodes_size());
+}
+
+// Checkpoints key a part's rows by OriginOf: the rows SplitLinearLayers
+// gave it, contiguous and covering the whole layer.
+TEST(ModelGraphTest, OriginOfNamesTheUnsplitLayerAndItsRows) {
+  auto graph = BuiltinGraph(Builtin("mlp"), Mnist());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto split = SplitLinearLayers(*graph, {{"fc3", 3}});
+  ASSERT_TRUE(split.ok()) << split.status();
+  auto g = AnalyzedGraph::Create(*split);
+  ASSERT_TRUE(g.ok()) << g.status();
+  int64_t next = 0;
+  for (int j = 0; j < 3; ++j) {
+    const int index = g->IndexOf(absl::StrCat("fc3/", j));
+    const NodeOrigin o = OriginOf(*g, index);
+    EXPECT_EQ(o.id, "fc3");
+    EXPECT_TRUE(o.is_part);
+    EXPECT_EQ(o.total_rows, 2048);
+    EXPECT_EQ(o.rows.begin, next);
+    EXPECT_EQ(o.rows.size(), g->nodes()[index].out_shape.back());
+    next = o.rows.end;
+  }
+  EXPECT_EQ(next, 2048);
+  const NodeOrigin whole = OriginOf(*g, g->IndexOf("fc2"));
+  EXPECT_EQ(whole.id, "fc2");
+  EXPECT_FALSE(whole.is_part);
+  EXPECT_FALSE(OriginOf(*g, g->IndexOf("fc3")).is_part);  // the concat
+  // 20 features in 8: 3,3,3,3,2,2,2,2.
+  EXPECT_EQ(SplitPartRows(20, 8, 3).begin, 9);
+  EXPECT_EQ(SplitPartRows(20, 8, 4).begin, 12);
+  EXPECT_EQ(SplitPartRows(20, 8, 7).end, 20);
 }
 
 TEST(ModelGraphTest, BadLayerSplitsNameTheSplit) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace apapo {
 namespace worker {
@@ -298,33 +299,57 @@ std::vector<at::Tensor> Optimizer::Predict(const std::vector<at::Tensor>& params
   return out;
 }
 
-std::vector<at::Tensor> Optimizer::State() const {
-  std::vector<at::Tensor> out;
-  out.push_back(torch::tensor({adam_steps_}, torch::kLong));
-  for (const auto& t : slot1_) out.push_back(t.defined() ? t : torch::Tensor());
-  for (const auto& t : slot2_) out.push_back(t.defined() ? t : torch::Tensor());
-  // Undefined tensors cannot be serialised: mark them with empty tensors.
-  for (auto& t : out) {
-    if (!t.defined()) t = torch::empty({0});
-  }
-  return out;
+std::vector<std::string> Optimizer::SlotNames() const {
+  if (adam_) return {"exp_avg", "exp_avg_sq"};
+  if (spec_.sgd().momentum() != 0) return {"momentum_buffer"};
+  return {};
 }
 
-absl::Status Optimizer::LoadState(const std::vector<at::Tensor>& state,
-                                  const std::vector<at::Tensor>& params) {
-  if (state.empty()) return absl::OkStatus();
-  const size_t n = params.size();
-  if (state.size() != 1 + 2 * n) {
-    return absl::DataLossError(absl::StrCat(
-        "optimizer state has ", state.size(), " tensors, expected ",
-        1 + 2 * n));
+OptimizerState Optimizer::State() const {
+  OptimizerState state;
+  state.steps = adam_steps_;
+  state.slot_names = SlotNames();
+  if (slot1_.empty() || state.slot_names.empty()) return state;
+  state.per_param.resize(slot1_.size());
+  for (size_t i = 0; i < slot1_.size(); ++i) {
+    state.per_param[i].push_back(slot1_[i]);
+    if (adam_) state.per_param[i].push_back(slot2_[i]);
   }
-  adam_steps_ = state[0].item<int64_t>();
-  slot1_.assign(n, at::Tensor());
-  slot2_.assign(n, at::Tensor());
-  for (size_t i = 0; i < n; ++i) {
-    if (state[1 + i].numel() > 0) slot1_[i] = state[1 + i].clone();
-    if (state[1 + n + i].numel() > 0) slot2_[i] = state[1 + n + i].clone();
+  return state;
+}
+
+absl::Status Optimizer::LoadState(OptimizerState state, size_t num_params) {
+  if (state.slot_names != SlotNames()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer state has slots {", absl::StrJoin(state.slot_names, ", "),
+        "}, this optimizer keeps {", absl::StrJoin(SlotNames(), ", "), "}"));
+  }
+  if (!state.per_param.empty() && state.per_param.size() != num_params) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer state for ", state.per_param.size(),
+        " parameters, the stage has ", num_params));
+  }
+  for (const auto& slots : state.per_param) {
+    if (slots.size() != state.slot_names.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state has ", slots.size(), " tensors for a parameter, "
+          "expected ", state.slot_names.size()));
+    }
+  }
+  adam_steps_ = state.steps;
+  slot1_.clear();
+  slot2_.clear();
+  if (state.per_param.empty()) return absl::OkStatus();
+  slot1_.resize(num_params);
+  slot2_.resize(num_params);
+  for (size_t i = 0; i < num_params; ++i) {
+    // The fused SGD step writes the buffer through a raw pointer.
+    if (state.per_param[i].size() > 0) {
+      slot1_[i] = state.per_param[i][0].contiguous();
+    }
+    if (state.per_param[i].size() > 1) {
+      slot2_[i] = state.per_param[i][1].contiguous();
+    }
   }
   return absl::OkStatus();
 }

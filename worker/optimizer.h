@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,6 +25,19 @@
 
 namespace apapo {
 namespace worker {
+
+// An optimizer's state, per parameter, for checkpoints: parameter i's
+// tensors are per_param[i], one per slot_names entry, each shaped like the
+// parameter (so a checkpoint slices them as it slices the parameter).
+struct OptimizerState {
+  // Updates applied (Adam's bias corrections); 0 for SGD.
+  int64_t steps = 0;
+  // SGD with momentum: {"momentum_buffer"}; Adam: {"exp_avg",
+  // "exp_avg_sq"} (torch.optim's names); plain SGD: none.
+  std::vector<std::string> slot_names;
+  // Empty before the first step; else one entry per parameter.
+  std::vector<std::vector<at::Tensor>> per_param;
+};
 
 class Optimizer {
  public:
@@ -66,11 +80,15 @@ class Optimizer {
   std::vector<at::Tensor> Predict(const std::vector<at::Tensor>& params,
                                   double steps, int64_t step,
                                   std::vector<at::Tensor> reuse = {}) const;
-  // Optimizer state for checkpoints: a flat list of tensors (empty until the
-  // first step for SGD without momentum).
-  std::vector<at::Tensor> State() const;
-  absl::Status LoadState(const std::vector<at::Tensor>& state,
-                         const std::vector<at::Tensor>& params);
+  // The slots this optimizer keeps per parameter (OptimizerState).
+  std::vector<std::string> SlotNames() const;
+  // The state now. Its tensors are the optimizer's own, updated in place by
+  // the next Step: clone them to keep them.
+  OptimizerState State() const;
+  // Replaces the state (e.g. from a checkpoint) for `num_params`
+  // parameters. INVALID_ARGUMENT when the slots are not SlotNames() or the
+  // parameter count differs.
+  absl::Status LoadState(OptimizerState state, size_t num_params);
 
  private:
   explicit Optimizer(const apapo::v1::OptimizerSpec& spec, int64_t total);

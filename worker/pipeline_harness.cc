@@ -72,7 +72,8 @@ std::map<std::string, at::Tensor> TrainSingleProcess(
 PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
                            bool record, apapo::v1::CheckpointSpec checkpoint,
-                           bool weight_prediction) {
+                           bool weight_prediction,
+                           const std::vector<std::pair<std::string, int>>& splits) {
   // The job: the fixture's graph and data, its plan: the balanced cut.
   apapo::v1::JobSpec job;
   job.set_name("harness");
@@ -89,9 +90,19 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   if (sched.max_in_flight > 0) {
     job.mutable_schedule()->set_max_staleness(sched.max_in_flight - 1);
   }
-  auto split = BalancedSplit(*f.graph, sched.num_stages);
+  // The plan's stages name the split graph's nodes.
+  auto split_proto = SplitLinearLayers(f.graph->graph(), splits);
+  EXPECT_TRUE(split_proto.ok()) << split_proto.status();
+  auto split_graph = AnalyzedGraph::Create(*split_proto);
+  EXPECT_TRUE(split_graph.ok()) << split_graph.status();
+  auto split = BalancedSplit(*split_graph, sched.num_stages);
   EXPECT_TRUE(split.ok()) << split.status();
   apapo::v1::Plan plan;
+  for (const auto& [id, parts] : splits) {
+    apapo::v1::LayerSplit* ls = plan.add_splits();
+    ls->set_node_id(id);
+    ls->set_parts(parts);
+  }
   plan.set_schedule(partitioner::ScheduleToProto(sched.kind));
   plan.set_micro_batches(sched.micro_batches_per_iteration);
   int world = 0;

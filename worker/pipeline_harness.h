@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,11 +61,13 @@ struct PipelineResult {
 
 // Runs a pipeline split by BalancedSplit with one thread per stage replica.
 // `sched.max_in_flight` > 0 reaches the stages as spec max_staleness + 1.
-PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
-                           const apapo::v1::OptimizerSpec& spec, int64_t steps,
-                           bool record = false,
-                           apapo::v1::CheckpointSpec checkpoint = {},
-                           bool weight_prediction = false);
+// `splits` are the plan's layer splits (SplitLinearLayers); then `params`
+// is keyed by the split graph's names ("fc2/0.weight").
+PipelineResult RunPipeline(
+    const Fixture& f, schedule::ScheduleOptions sched,
+    const apapo::v1::OptimizerSpec& spec, int64_t steps, bool record = false,
+    apapo::v1::CheckpointSpec checkpoint = {}, bool weight_prediction = false,
+    const std::vector<std::pair<std::string, int>>& splits = {});
 
 }  // namespace pipeline_test
 }  // namespace worker

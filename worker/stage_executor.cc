@@ -73,6 +73,8 @@ struct StageExecutor::Impl {
   std::map<int64_t, std::vector<at::Tensor>> input_grads;
   bool stop_requested = false;
   int64_t last_saved_step = -1;
+  // Replica 0 of a checkpointing stage: writes its snapshots.
+  std::unique_ptr<CheckpointWriter> checkpoint_writer;
 
   // ---- counters and progress ----
   StageReport report;
@@ -471,55 +473,78 @@ struct StageExecutor::Impl {
 
   // ---- checkpoints ----
 
-  absl::Status SaveCheckpoint() {
-    CheckpointStore* store = config.checkpoint.store;
-    if (store == nullptr) return absl::OkStatus();
+  // Dropout's generator at step `step`: re-seeded from (seed, rank, step) at
+  // every checkpoint and on resuming one, so a resumed run draws what an
+  // uninterrupted one draws (step 0: Create's seed).
+  void SeedDropout(int64_t step) const {
+    torch::manual_seed(static_cast<uint64_t>(config.seed) * 1000 +
+                       static_cast<uint64_t>(context.rank) +
+                       static_cast<uint64_t>(step) * 1000003ULL);
+  }
+
+  // What the stage holds now, by reference (Clone() before training on).
+  StageCheckpoint Holding() const {
     StageCheckpoint c;
     c.step = global_step;
     c.version = weights->newest();
+    c.parameter_names = model->param_names();
     c.parameters = weights->newest_weights();
-    c.optimizer_state = optimizer->State();
+    c.optimizer = optimizer->State();
     c.buffers = model->Buffers();
-    if (absl::Status st = store->Save(config.stage, config.replica, c);
-        !st.ok()) {
-      return Fail("saving a checkpoint", st);
-    }
+    return c;
+  }
+
+  // Hands a snapshot of step `global_step` to the writer (replica 0 of each
+  // stage writes; the others hold the same weights) and trains on.
+  absl::Status SaveCheckpoint() {
+    if (config.checkpoint.store == nullptr) return absl::OkStatus();
     last_saved_step = global_step;
+    SeedDropout(global_step);
+    if (checkpoint_writer == nullptr) return absl::OkStatus();
+    absl::Time t = absl::Now();
+    StageCheckpoint snapshot = Holding().Clone();
+    absl::Status st = checkpoint_writer->Submit(std::move(snapshot));
+    report.checkpoint_seconds += Lap(t);
+    if (!st.ok()) return Fail("writing a checkpoint", st);
     return absl::OkStatus();
   }
 
-  // Loads the newest step for which every stage replica has a checkpoint.
+  // Loads the newest complete step, whichever plan wrote it, then discards
+  // newer (incomplete) steps of an abandoned run.
   absl::Status MaybeResume() {
     CheckpointStore* store = config.checkpoint.store;
-    if (store == nullptr || !config.checkpoint.resume) return absl::OkStatus();
-    std::vector<std::pair<int, int>> replicas;
-    for (int s = 0; s < config.schedule.num_stages; ++s) {
-      for (int r = 0; r < config.schedule.Replicas(s); ++r) {
-        replicas.emplace_back(s, r);
+    if (store == nullptr) return absl::OkStatus();
+    if (config.checkpoint.resume) {
+      auto step = store->NewestCompleteStep();
+      if (!step.ok()) return Fail("listing checkpoints", step.status());
+      if (step->has_value()) {
+        StageCheckpoint c = Holding();
+        if (absl::Status st = store->Load(**step, &c); !st.ok()) {
+          return Fail("resuming", st);
+        }
+        const size_t n = c.parameters.size();
+        if (absl::Status st = optimizer->LoadState(std::move(c.optimizer), n);
+            !st.ok()) {
+          return Fail("loading optimizer state", st);
+        }
+        {
+          torch::NoGradGuard no_grad;
+          std::vector<std::pair<std::string, at::Tensor>> buffers =
+              model->Buffers();
+          for (size_t i = 0; i < buffers.size(); ++i) {
+            buffers[i].second.copy_(c.buffers[i].second);
+          }
+        }
+        global_step = c.step;
+        weights->Reset(c.version, std::move(c.parameters));
+        SeedDropout(global_step);
       }
     }
-    auto step = NewestCommonStep(*store, replicas);
-    if (!step.ok()) return Fail("listing checkpoints", step.status());
-    if (!step->has_value()) return absl::OkStatus();
-    auto c = store->Load(config.stage, config.replica, **step,
-                         model->param_names().size());
-    if (!c.ok()) return Fail("resuming", c.status());
-    if (absl::Status st = optimizer->LoadState(c->optimizer_state, c->parameters);
-        !st.ok()) {
-      return Fail("loading optimizer state", st);
+    if (checkpoint_writer != nullptr) {
+      if (absl::Status st = store->RemoveStepsAfter(global_step); !st.ok()) {
+        return Fail("removing checkpoints of an abandoned run", st);
+      }
     }
-    std::vector<at::Tensor> buffers = model->Buffers();
-    if (buffers.size() != c->buffers.size()) {
-      return absl::DataLossError(absl::StrCat(
-          context.label, ": checkpoint of step ", **step, " holds ",
-          c->buffers.size(), " buffers, the stage has ", buffers.size()));
-    }
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(c->buffers[i]);
-    }
-    global_step = c->step;
-    weights->Reset(c->version, std::move(c->parameters));
     return absl::OkStatus();
   }
 
@@ -549,7 +574,22 @@ struct StageExecutor::Impl {
     return absl::OkStatus();
   }
 
+  // Trains, then waits for the last checkpoint write: its error is the
+  // run's.
   absl::Status Run() {
+    absl::Status st = Train();
+    if (checkpoint_writer != nullptr) {
+      absl::Time t = absl::Now();
+      absl::Status written = checkpoint_writer->Wait();
+      report.checkpoint_seconds += Lap(t);
+      if (st.ok() && !written.ok()) {
+        return Fail("writing a checkpoint", written);
+      }
+    }
+    return st;
+  }
+
+  absl::Status Train() {
     if (absl::Status st = MaybeResume(); !st.ok()) return st;
     progress.Start(absl::Now());
     const int64_t every =
@@ -683,8 +723,12 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   impl->report.rank = c.rank;
   impl->report.num_params = c.layout->num_params;
   impl->report.max_weight_versions = 1;
+  if (cfg.checkpoint.store != nullptr && cfg.replica == 0) {
+    impl->checkpoint_writer =
+        std::make_unique<CheckpointWriter>(cfg.checkpoint.store, cfg.stage);
+  }
   // Seed dropout per stage replica (dropout masks are local to a stage).
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 1000 + c.rank);
+  impl->SeedDropout(0);
   return std::unique_ptr<StageExecutor>(new StageExecutor(std::move(impl)));
 }
 

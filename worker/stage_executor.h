@@ -3,8 +3,9 @@
 // the ops need lives in parts of its own:
 //   WeightStore (weight_store.h)          weight versions: stashing,
 //                                         recycling, prediction;
-//   CheckpointStore (checkpoint_store.h)  where checkpoints go, and their
-//                                         format;
+//   CheckpointStore (checkpoint_store.h)  where checkpoints go, their
+//                                         format, and (CheckpointWriter)
+//                                         their writing in the background;
 //   Evaluator (evaluator.h)               test accuracy, by the schedule's
 //                                         evaluation program;
 //   StageObserver (stage_observer.h)      counters and progress, out.
@@ -75,10 +76,23 @@ struct EvaluationOptions {
   int64_t batch_size = 0;    // 0: the training batch size
 };
 
+// Checkpoints. At every `every_steps`-th step (a phase boundary, so the
+// pipeline has drained) the stage's replica 0 snapshots its newest weights,
+// optimizer state and buffers in memory and hands them to a CheckpointWriter
+// thread; training goes on while it writes, the next checkpoint waits for
+// the previous write, and Run() waits for the last one (a write error fails
+// the run, naming the file). With `resume`, Run() starts from the store's
+// newest complete step, whichever plan wrote it: weights, optimizer state,
+// buffers, the step and the weight version; the data position (epoch and
+// iteration) and the learning-rate schedule follow from the step.
+// Dropout's generator is re-seeded from (seed, rank, step) at every
+// checkpoint and on resuming, so under the same plan a resumed run draws the
+// masks an uninterrupted one draws; under another plan ranks differ, so the
+// masks differ (deterministically for the new plan, seed and step).
 struct CheckpointOptions {
   CheckpointStore* store = nullptr;  // null: no checkpoints; outlives the run
   int64_t every_steps = 0;           // 0: only at the end
-  bool resume = false;  // start from the newest step every replica saved
+  bool resume = false;  // start from the newest complete step
 };
 
 // What only tests set.

@@ -8,15 +8,20 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/synchronization/notification.h"
+#include "worker/checkpoint_store.h"
 #include "worker/model_builder.h"
 #include "worker/pipeline_harness.h"
+#include "worker/testing/memory_file_system.h"
 
 namespace apapo {
 namespace worker {
@@ -295,33 +300,227 @@ TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
   }
 }
 
-// A synchronous run stopped after a checkpoint and resumed ends bit-for-bit
-// where an uninterrupted run with the same checkpoints ends.
-TEST(CheckpointTest, ResumedRunMatchesUninterruptedRun) {
+// A run stopped after a checkpoint and resumed under the same plan ends
+// bit-for-bit where an uninterrupted run with the same checkpoints ends: it
+// reads the same next micro-batches, with the same learning rates, from the
+// same weights and optimizer state.
+class ResumeTest : public ::testing::TestWithParam<ScheduleKind> {};
+
+TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
   Fixture f = MakeFixture();
   schedule::ScheduleOptions sched;
-  sched.kind = ScheduleKind::k1F1BFlush;
+  sched.kind = GetParam();
   sched.num_stages = 2;
   sched.micro_batches_per_iteration = 4;
-  apapo::v1::OptimizerSpec spec = Sgd();
-  spec.mutable_adam();  // optimizer state must survive the restart
-  spec.set_learning_rate(0.01);
-  apapo::v1::CheckpointSpec ck;
-  ck.set_every_steps(3);
-  ck.set_resume(true);
-  ck.set_directory(::testing::TempDir() + "/ckpt_full");
-  PipelineResult full = RunPipeline(f, sched, spec, 6, false, ck);
-  ck.set_directory(::testing::TempDir() + "/ckpt_split");
-  PipelineResult first = RunPipeline(f, sched, spec, 3, false, ck);
-  for (const auto& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
-  PipelineResult resumed = RunPipeline(f, sched, spec, 6, false, ck);
-  for (const auto& s : full.statuses) ASSERT_TRUE(s.ok()) << s;
-  for (const auto& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(resumed.reports[0].steps, 3);  // only the remaining steps ran
-  ASSERT_EQ(full.params.size(), resumed.params.size());
-  for (const auto& [name, p] : full.params) {
-    EXPECT_TRUE(torch::equal(p, resumed.params[name])) << name;
+  for (bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adam" : "sgd momentum");
+    apapo::v1::OptimizerSpec spec = Sgd();
+    // The learning rate halves every 2 steps: the resumed run must continue
+    // the schedule at step 3, not restart it.
+    spec.mutable_lr_schedule()->set_decay(
+        apapo::v1::LearningRateSchedule::DECAY_STEP);
+    spec.mutable_lr_schedule()->set_step_size(2);
+    spec.mutable_lr_schedule()->set_gamma(0.5);
+    if (adam) {
+      spec.mutable_adam();  // optimizer state must survive the restart
+      spec.set_learning_rate(0.01);
+    }
+    apapo::v1::CheckpointSpec ck;
+    ck.set_every_steps(3);
+    ck.set_resume(true);
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/resume_", static_cast<int>(GetParam()),
+                     adam ? "_adam" : "_sgd");
+    ck.set_directory(dir + "_full");
+    PipelineResult full = RunPipeline(f, sched, spec, 7, false, ck);
+    ck.set_directory(dir + "_split");
+    PipelineResult first = RunPipeline(f, sched, spec, 4, false, ck);
+    for (const auto& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
+    // The run stopped at 4 wrote a final checkpoint of step 4; the resumed
+    // run takes the interval's (3), as a crash at step 4 would have left.
+    std::filesystem::remove_all(dir + "_split/step-4");
+    PipelineResult resumed = RunPipeline(f, sched, spec, 7, false, ck);
+    for (const auto& s : full.statuses) ASSERT_TRUE(s.ok()) << s;
+    for (const auto& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resumed.reports[0].steps, 4);  // only the remaining steps ran
+    ASSERT_EQ(full.params.size(), resumed.params.size());
+    for (const auto& [name, p] : full.params) {
+      EXPECT_TRUE(torch::equal(p, resumed.params[name])) << name;
+    }
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ResumeTest,
+                         ::testing::Values(ScheduleKind::kAsync,
+                                           ScheduleKind::k1F1BFlush),
+                         [](const auto& info) {
+                           return std::string(
+                               schedule::ScheduleKindName(info.param));
+                         });
+
+// The parameters of a run under any plan by the unsplit graph's names.
+std::map<std::string, at::Tensor> ByLayer(const Fixture& f,
+                                          const PipelineResult& r,
+                                          const std::vector<std::pair<std::string, int>>& splits) {
+  auto proto = SplitLinearLayers(f.graph->graph(), splits);
+  auto g = AnalyzedGraph::Create(*proto);
+  std::map<std::string, std::vector<std::pair<int64_t, at::Tensor>>> parts;
+  for (const auto& [name, p] : r.params) {
+    const size_t dot = name.find('.');
+    const NodeOrigin o = OriginOf(*g, g->IndexOf(name.substr(0, dot)));
+    parts[o.id + name.substr(dot)].emplace_back(o.rows.begin, p);
+  }
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, pieces] : parts) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<at::Tensor> ts;
+    for (auto& [row, t] : pieces) ts.push_back(t);
+    out[name] = torch::cat(ts, 0);
+  }
+  return out;
+}
+
+// A synchronous run under 2 stages checkpoints step 3 and stops; the job
+// resumes under another plan: it starts at step 3 from those weights and
+// ends where the uninterrupted run ends (within float tolerance: a split
+// or a replica sums in another order).
+TEST(ResumeTest, AnotherPlanResumesAtTheStepWithTheLoadedWeights) {
+  Fixture f = MakeFixture();
+  apapo::v1::OptimizerSpec spec = Sgd();
+  spec.mutable_adam();
+  spec.set_learning_rate(0.01);
+  schedule::ScheduleOptions two;
+  two.kind = ScheduleKind::k1F1BFlush;
+  two.num_stages = 2;
+  two.micro_batches_per_iteration = 4;
+  PipelineResult full = RunPipeline(f, two, spec, 6);
+  for (const auto& s : full.statuses) ASSERT_TRUE(s.ok()) << s;
+  const auto want = ByLayer(f, full, {});
+  struct Other {
+    std::string name;
+    schedule::ScheduleOptions sched;
+    std::vector<std::pair<std::string, int>> splits;
+  };
+  schedule::ScheduleOptions three = two;
+  three.num_stages = 3;
+  schedule::ScheduleOptions dp;
+  dp.kind = ScheduleKind::kDataParallel;
+  dp.num_stages = 1;
+  dp.replicas = {2};
+  dp.micro_batches_per_iteration = 2;
+  for (const Other& b : {Other{"3 stages", three, {}},
+                         Other{"2 stages, fc2 in 8", two, {{"fc2", 8}}},
+                         Other{"1 stage x 2 replicas", dp, {}}}) {
+    SCOPED_TRACE(b.name);
+    apapo::v1::CheckpointSpec ck;
+    ck.set_every_steps(3);
+    ck.set_resume(true);
+    ck.set_directory(absl::StrCat(::testing::TempDir(), "/replan_",
+                                  b.sched.num_stages, "_", b.splits.size(),
+                                  "_", b.sched.Replicas(0)));
+    PipelineResult first = RunPipeline(f, two, spec, 3, false, ck);
+    for (const auto& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
+    PipelineResult resumed =
+        RunPipeline(f, b.sched, spec, 6, false, ck, false, b.splits);
+    for (const auto& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
+    for (const StageReport& r : resumed.reports) EXPECT_EQ(r.steps, 3);
+    const auto got = ByLayer(f, resumed, b.splits);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, w] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_LE((got.at(name) - w).abs().max().item<double>(), 1e-5) << name;
+    }
+  }
+}
+
+// A file system whose writes of step-2 files wait for the test.
+class GatedFileSystem : public testing::MemoryFileSystem {
+ public:
+  absl::Status WriteAtomically(const std::string& path,
+                               absl::string_view bytes) override {
+    if (absl::StrContains(path, "/step-2/")) {
+      if (!entered.HasBeenNotified()) entered.Notify();
+      open.WaitForNotification();
+    }
+    return MemoryFileSystem::WriteAtomically(path, bytes);
+  }
+  absl::Notification entered, open;
+};
+
+// Step 3 is taken while the file system holds step 2's write; then lets it
+// through. Records what it saw.
+class TrainsWhileWriting : public StageObserver {
+ public:
+  explicit TrainsWhileWriting(GatedFileSystem* fs) : fs_(fs) {}
+  void OnCounters(const StageReport& r) override {
+    if (r.steps != 3) return;
+    write_pending_at_step_3 =
+        fs_->entered.WaitForNotificationWithTimeout(absl::Seconds(60)) &&
+        !fs_->open.HasBeenNotified();
+    fs_->open.Notify();
+  }
+  bool write_pending_at_step_3 = false;
+
+ private:
+  GatedFileSystem* fs_;
+};
+
+// One unreplicated stage, created directly (no transport): checkpoints
+// every 2 steps into `store`, 5 steps.
+absl::StatusOr<std::unique_ptr<StageExecutor>> SingleStage(
+    const Fixture& f, CheckpointStore* store, StageObserver* observer) {
+  std::vector<std::string> all;
+  for (const NodeInfo& n : f.graph->nodes()) all.push_back(n.id());
+  auto layouts = LayoutStages(*f.graph, {all});
+  if (!layouts.ok()) return layouts.status();
+  ExecutorConfig c;
+  c.graph = f.graph.get();
+  c.layouts = *layouts;
+  c.schedule.kind = ScheduleKind::k1F1BFlush;
+  c.schedule.num_stages = 1;
+  c.schedule.micro_batches_per_iteration = 2;
+  c.seed = pipeline_test::kSeed;
+  c.data.batch_size = kBatch;
+  c.optimizer = Sgd();
+  c.limits.max_steps = 5;
+  c.evaluation.every_epochs = 0;
+  c.checkpoint.store = store;
+  c.checkpoint.every_steps = 2;
+  c.observer = observer;
+  c.progress_every = 1;
+  return StageExecutor::Create(c, nullptr, f.split.train.get(),
+                               f.split.test.get());
+}
+
+TEST(CheckpointWriterTest, TrainingGoesOnWhileACheckpointIsWritten) {
+  Fixture f = MakeFixture();
+  GatedFileSystem fs;
+  FileCheckpointStore store("/ckpt", 2, f.graph.get(), &fs);
+  TrainsWhileWriting observer(&fs);
+  auto exec = SingleStage(f, &store, &observer);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  absl::Status st = (*exec)->Run();
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(observer.write_pending_at_step_3);
+  // Steps 2, 4 and the final 5; pruning kept the newest two.
+  EXPECT_THAT(*fs.List("/ckpt"), ::testing::UnorderedElementsAre("step-4", "step-5"));
+  auto newest = store.NewestCompleteStep();
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(*newest, std::optional<int64_t>(5));
+}
+
+TEST(CheckpointWriterTest, AWriteErrorFailsTheRunNamingTheFile) {
+  Fixture f = MakeFixture();
+  testing::MemoryFileSystem fs;
+  fs.Fail("/ckpt/step-4/stage-0.manifest");
+  FileCheckpointStore store("/ckpt", 2, f.graph.get(), &fs);
+  auto exec = SingleStage(f, &store, nullptr);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  absl::Status st = (*exec)->Run();
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("/ckpt/step-4/stage-0.manifest"));
+  EXPECT_THAT(st.message(), HasSubstr("stage 0 replica 0"));
 }
 
 TEST(FailureTest, DeadPeerStopsStageWithNamedError) {

@@ -36,6 +36,9 @@ struct StageReport {
   int max_weight_versions = 0;
   int64_t steps = 0;
   double train_seconds = 0;  // wall time of the training phases
+  // Executor time spent on checkpoints: snapshots, and waiting for the
+  // previous (background) write; the write itself is not counted.
+  double checkpoint_seconds = 0;
   int64_t samples = 0;       // training samples this replica processed
   // Last stage only.
   double final_loss = 0;  // mean over the last epoch's micro-batches

@@ -268,7 +268,7 @@ absl::Status RunStageOrThrow(const AssignStage& a, const std::string& label,
   if (!spec.checkpoint().directory().empty()) {
     checkpoints = std::make_unique<FileCheckpointStore>(
         spec.checkpoint().directory(), spec.checkpoint().every_steps(),
-        LocalFileSystem());
+        &graph, LocalFileSystem());
     c.checkpoint.store = checkpoints.get();
   }
   if (hooks.configure) hooks.configure(&c);

@@ -284,10 +284,11 @@ at::Tensor TorchScriptChild::Forward(const at::Tensor& input,
   return out.toTensor();
 }
 
-std::vector<at::Tensor> TorchScriptChild::Buffers() const {
-  std::vector<at::Tensor> out;
+std::vector<std::pair<std::string, at::Tensor>> TorchScriptChild::Buffers()
+    const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& b : impl_->module.named_buffers(/*recurse=*/true)) {
-    out.push_back(b.value);
+    out.emplace_back(b.name, b.value);
   }
   return out;
 }

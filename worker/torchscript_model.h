@@ -27,6 +27,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,8 +56,9 @@ class TorchScriptChild {
   // its parameters. Throws c10::Error on LibTorch failures.
   at::Tensor Forward(const at::Tensor& input, at::ArrayRef<at::Tensor> params,
                      bool training);
-  // The module's own buffers (running statistics), updated in place.
-  std::vector<at::Tensor> Buffers() const;
+  // The module's own buffers (running statistics), updated in place, by
+  // their names in the module ("0.running_mean", ...).
+  std::vector<std::pair<std::string, at::Tensor>> Buffers() const;
 
  private:
   friend absl::StatusOr<std::vector<std::unique_ptr<TorchScriptChild>>>

@@ -1,5 +1,6 @@
 // An in-memory FileSystem for tests (testonly): files are strings keyed by
-// path; directories exist implicitly. Fail(path) makes the next writes of
+// path; directories exist implicitly (List names the subdirectories that
+// hold files; removing a directory is a no-op). Fail(path) makes the next writes of
 // that path fail, to test error paths.
 #ifndef APAPO_WORKER_TESTING_MEMORY_FILE_SYSTEM_H_
 #define APAPO_WORKER_TESTING_MEMORY_FILE_SYSTEM_H_
@@ -25,15 +26,17 @@ class MemoryFileSystem : public FileSystem {
   }
   absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
     absl::MutexLock lock(&mu_);
-    std::vector<std::string> names;
+    std::set<std::string> names;
     const std::string prefix = dir + "/";
     for (const auto& [path, bytes] : files_) {
-      if (absl::StartsWith(path, prefix) &&
-          path.find('/', prefix.size()) == std::string::npos) {
-        names.push_back(path.substr(prefix.size()));
-      }
+      if (!absl::StartsWith(path, prefix)) continue;
+      // A file of a subdirectory lists the subdirectory.
+      const size_t slash = path.find('/', prefix.size());
+      names.insert(path.substr(prefix.size(), slash == std::string::npos
+                                                  ? std::string::npos
+                                                  : slash - prefix.size()));
     }
-    return names;
+    return std::vector<std::string>(names.begin(), names.end());
   }
   absl::Status WriteAtomically(const std::string& path,
                                absl::string_view bytes) override {
