@@ -63,7 +63,7 @@ ABSL_FLAG(std::string, checkpoint_root, "/var/lib/apapo/checkpoints",
           "Every worker must read and write it (one machine's disk, or a "
           "volume all workers mount) and it must lie under their "
           "--data_roots. Empty: such jobs do not checkpoint.");
-ABSL_FLAG(int64_t, checkpoint_every_steps, 200,
+ABSL_FLAG(int64_t, checkpoint_every_steps, 100,
           "Steps between checkpoints for a job whose spec sets none.");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Comma-separated directories a job spec may name files under "

@@ -94,7 +94,7 @@ struct SchedulerOptions {
   // jobs do not checkpoint, and a restart starts from the beginning).
   std::string checkpoint_root;
   // Steps between checkpoints for a job that sets none.
-  int64_t checkpoint_every_steps = 200;
+  int64_t checkpoint_every_steps = 100;
   // How long a restarted coordinator waits for the workers of a running
   // job to register again before it restarts the job without the missing.
   absl::Duration adopt_timeout = absl::Seconds(60);

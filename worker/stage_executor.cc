@@ -536,6 +536,7 @@ struct StageExecutor::Impl {
           }
         }
         global_step = c.step;
+        report.resumed_step = c.step;
         weights->Reset(c.version, std::move(c.parameters));
         SeedDropout(global_step);
       }

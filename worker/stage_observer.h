@@ -35,6 +35,7 @@ struct StageReport {
   int64_t max_staleness = 0;
   int max_weight_versions = 0;
   int64_t steps = 0;
+  int64_t resumed_step = 0;  // the checkpoint's step this run started at
   double train_seconds = 0;  // wall time of the training phases
   // Executor time spent on checkpoints: snapshots, and waiting for the
   // previous (background) write; the write itself is not counted.

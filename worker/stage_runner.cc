@@ -79,6 +79,7 @@ class ProgressReporter : public StageObserver {
     m.set_job_id(job_id_);
     *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     m.set_step(r.steps);
+    m.set_resumed_step(r.resumed_step);
     m.set_samples(r.samples);
     m.set_samples_per_second(r.train_seconds > 0 ? r.samples / r.train_seconds
                                                  : 0);
@@ -131,6 +132,7 @@ class ProgressReporter : public StageObserver {
     m.set_has_loss(true);
     m.set_loss(p.loss);
     if (counters_.has_value()) {
+      m.set_resumed_step(counters_->resumed_step);
       FillStageMetrics(*counters_, stage_, rank_, m.mutable_stage());
     } else {
       m.mutable_stage()->set_stage(stage_);
