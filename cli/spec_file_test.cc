@@ -14,6 +14,7 @@ using ::testing::HasSubstr;
 TEST(SpecFileTest, ShippedExamplesParseAndValidate) {
   for (const char* name :
        {"examples/mlp_fashion_mnist.textproto",
+        "examples/mlp_fashion_mnist_elastic.textproto",
         "examples/cnn_fashion_mnist.textproto",
         "examples/transformer_lm_text.json"}) {
     auto spec = LoadJobSpec(name);
@@ -21,6 +22,9 @@ TEST(SpecFileTest, ShippedExamplesParseAndValidate) {
     EXPECT_TRUE(apapo::coordinator::ValidateJobSpec(*spec).ok())
         << name << ": " << apapo::coordinator::ValidateJobSpec(*spec);
   }
+  auto elastic = LoadJobSpec("examples/mlp_fashion_mnist_elastic.textproto");
+  EXPECT_EQ(elastic->fault_tolerance().min_workers(), 1);
+  EXPECT_EQ(elastic->fault_tolerance().max_workers(), 3);
   auto json = LoadJobSpec("examples/transformer_lm_text.json");
   EXPECT_EQ(json->model().builtin().hyper_parameters().at("d_model").i(), 128);
 }

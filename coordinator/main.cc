@@ -65,6 +65,11 @@ ABSL_FLAG(std::string, checkpoint_root, "/var/lib/apapo/checkpoints",
           "--data_roots. Empty: such jobs do not checkpoint.");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 100,
           "Steps between checkpoints for a job whose spec sets none.");
+ABSL_FLAG(absl::Duration, growth_min_remaining, absl::Minutes(1),
+          "A running job below its fault_tolerance.max_workers takes an idle "
+          "worker in (a restart) only with at least this much training left.");
+ABSL_FLAG(absl::Duration, growth_check_every, absl::Seconds(10),
+          "How often such a job is re-planned with the idle workers there.");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Comma-separated directories a job spec may name files under "
           "(data, TorchScript, checkpoints); anything else is refused at "
@@ -160,6 +165,8 @@ int Run() {
   options.scheduler.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   options.scheduler.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.scheduler.growth_min_remaining = absl::GetFlag(FLAGS_growth_min_remaining);
+  options.scheduler.growth_check_every = absl::GetFlag(FLAGS_growth_check_every);
   options.scheduler.checkpoint_every_steps =
       std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every_steps));
 

@@ -116,11 +116,22 @@ void Scheduler::RunOnce() {
   // The planner may search for seconds on a big model: it runs without mu_,
   // so worker messages, lost workers and cancellations are served meanwhile.
   // CommitPlan re-checks what they changed before anything is sent.
+  std::vector<PlanRequest> growth;
+  {
+    absl::MutexLock lock(&mu_);
+    growth = TakeGrowthRequests();
+  }
   for (const PlanRequest& request : requests) {
     absl::StatusOr<apapo::v1::Plan> plan =
         planner_->MakePlan(request.spec, request.profile, request.cluster);
     absl::MutexLock lock(&mu_);
     CommitPlan(request, std::move(plan));
+  }
+  for (const PlanRequest& request : growth) {
+    absl::StatusOr<apapo::v1::Plan> plan =
+        planner_->MakePlan(request.spec, request.profile, request.cluster);
+    absl::MutexLock lock(&mu_);
+    CommitGrowth(request, std::move(plan));
   }
   absl::MutexLock lock(&mu_);
   AdmitQueued();
@@ -341,7 +352,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakePlanRequests() {
   return requests;
 }
 
-Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
+Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
   PlanRequest request;
   request.job_id = a.id;
   request.attempt = a.plan_attempt;
@@ -387,11 +398,127 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a) {
     return request;
   }
   for (const auto& level : levels.levels) *cluster.add_levels() = level;
-  jobs_->RecordEvent(a.id, absl::StrFormat("links measured: %d; network %s",
-                                           cluster.links_size(),
-                                           levels.description))
-      .IgnoreError();
+  if (record) {
+    jobs_->RecordEvent(a.id, absl::StrFormat("links measured: %d; network %s",
+                                             cluster.links_size(),
+                                             levels.description))
+        .IgnoreError();
+  }
   return request;
+}
+
+std::vector<Scheduler::PlanRequest> Scheduler::TakeGrowthRequests() {
+  std::vector<PlanRequest> requests;
+  const absl::Time now = clock_->Now();
+  for (auto& [id, a] : active_) {
+    const auto& f = a.spec.fault_tolerance();
+    const int max_workers = f.has_max_workers() ? f.max_workers() : a.spec.resources().workers();
+    if (a.phase != Phase::kRunning || a.awaiting_first_step || !a.growing.empty() ||
+        static_cast<int>(a.workers.size()) >= max_workers ||
+        a.restarts >= MaxRestarts(a.spec) || a.spec.checkpoint().directory().empty() ||
+        a.workers.empty() || !a.profiles.count(a.workers[0]) || now < a.next_growth_check) {
+      continue;
+    }
+    a.next_growth_check = now + options_.growth_check_every;
+    // Worth a restart only with enough training left.
+    absl::StatusOr<apapo::v1::Job> job = jobs_->Get(id);
+    if (!job.ok()) continue;
+    const auto& p = job->progress();
+    const double steps_per_second =
+        p.samples_per_second() / std::max(1, a.spec.data().batch_size());
+    if (steps_per_second <= 0 || p.total_steps() <= p.step() ||
+        absl::Seconds((p.total_steps() - p.step()) / steps_per_second) <
+            options_.growth_min_remaining) {
+      continue;
+    }
+    std::map<std::string, std::string> selector(
+        a.spec.resources().worker_selector().begin(),
+        a.spec.resources().worker_selector().end());
+    std::vector<std::string> idle = registry_->IdleMatching(
+        max_workers - static_cast<int>(a.workers.size()), selector);
+    if (idle.empty()) continue;
+    // The newcomers, as the planner sees them: like the job's first worker,
+    // over the slowest link measured (none measured: the assumed one).
+    ActiveJob hypothetical = a;
+    const apapo::v1::ProfileResult& like = a.profiles[a.workers[0]];
+    const apapo::v1::LinkMeasurement* slowest = nullptr;
+    for (const auto& [w, r] : a.profiles) {
+      for (const auto& link : r.links()) {
+        if (slowest == nullptr ||
+            link.bandwidth_bytes_per_second() < slowest->bandwidth_bytes_per_second()) {
+          slowest = &link;
+        }
+      }
+    }
+    for (const std::string& n : idle) {
+      apapo::v1::ProfileResult r = like;
+      r.mutable_resources()->set_worker_id(n);
+      r.clear_links();
+      hypothetical.workers.push_back(n);
+      hypothetical.profiles[n] = r;
+    }
+    if (slowest != nullptr) {
+      for (const std::string& n : idle) {
+        for (const std::string& w : hypothetical.workers) {
+          if (w == n) continue;
+          for (const auto& [from, to] : {std::pair{n, w}, std::pair{w, n}}) {
+            apapo::v1::LinkMeasurement link = *slowest;
+            link.set_from_worker(from);
+            link.set_to_worker(to);
+            *hypothetical.profiles[from].add_links() = link;
+          }
+        }
+      }
+    }
+    PlanRequest request = MakePlanRequest(hypothetical, /*record=*/false);
+    request.workers = a.workers;  // what the job must still hold to grow
+    request.candidates = idle;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
+void Scheduler::CommitGrowth(const PlanRequest& request,
+                             absl::StatusOr<apapo::v1::Plan> plan) {
+  auto it = active_.find(request.job_id);
+  if (it == active_.end() || !plan.ok()) return;
+  ActiveJob& a = it->second;
+  if (a.phase != Phase::kRunning || a.workers != request.workers || !a.growing.empty()) {
+    return;
+  }
+  const double now_sps = a.plan.prediction().samples_per_second();
+  const double gain = now_sps > 0 ? plan->prediction().samples_per_second() / now_sps : 0;
+  const std::string who = absl::StrJoin(request.candidates, ", ");
+  if (gain < options_.growth_gain) {
+    std::string note = absl::StrFormat(
+        "%s idle: the planner predicts %.2fx the samples/s with it, below the "
+        "%.2fx a restart needs; not taken",
+        who, gain, options_.growth_gain);
+    if (note != a.growth_note) {
+      a.growth_note = note;
+      jobs_->RecordEvent(a.id, note).IgnoreError();
+    }
+    return;
+  }
+  std::map<std::string, std::string> selector(
+      a.spec.resources().worker_selector().begin(),
+      a.spec.resources().worker_selector().end());
+  std::vector<std::string> joined = registry_->ReserveUpTo(
+      a.id, static_cast<int>(request.candidates.size()), selector);
+  if (joined.empty()) return;
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
+  const int64_t step = job.ok() ? job->progress().step() : 0;
+  const int64_t every = std::max<int64_t>(1, a.spec.checkpoint().every_steps());
+  a.growing = joined;
+  a.grow_gain = gain;
+  a.grow_at_step = (step / every + 1) * every;
+  jobs_->RecordEvent(
+           a.id, absl::StrFormat("%s idle: the planner predicts %.2fx the samples/s "
+                                 "with it (%.2fx needed); taking it in after the "
+                                 "checkpoint of step %d",
+                                 absl::StrJoin(joined, ", "), gain, options_.growth_gain,
+                                 a.grow_at_step))
+      .IgnoreError();
 }
 
 void Scheduler::CommitPlan(const PlanRequest& request,
@@ -688,6 +815,17 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
         (progress.total_steps() - progress.step()) / steps_per_second));
   }
   jobs_->UpdateProgress(a.id, progress).IgnoreError();
+  if (!a.growing.empty() && a.phase == Phase::kRunning &&
+      progress.step() >= a.grow_at_step) {
+    // The checkpoint of grow_at_step is written (or being written: the
+    // stop waits for it): restart with the newcomers.
+    std::vector<std::string> joining = std::move(a.growing);
+    a.growing.clear();
+    Recover(a, {},
+            absl::StrFormat("%s joined: predicted %.2fx the samples/s",
+                            absl::StrJoin(joining, ", "), a.grow_gain),
+            joining);
+  }
 }
 
 void Scheduler::OnOutcome(ActiveJob& a, const std::string& worker_id,
@@ -762,7 +900,8 @@ void Scheduler::DropWorker(ActiveJob& a, const std::string& worker_id, bool hung
 }
 
 void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
-                        const std::string& cause) {
+                        const std::string& cause,
+                        const std::vector<std::string>& joining) {
   const std::string id = a.id;
   if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting) {
     // The same fault seen again (its stream after its stage's error), or
@@ -822,6 +961,13 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
       a.stopping.insert(w);
     }
   }
+  // A growth that was waiting for its checkpoint is off: its workers go
+  // back to the pool (a later check may take them again).
+  if (!a.growing.empty()) {
+    registry_->Release(id, a.growing);
+    a.growing.clear();
+  }
+  a.workers.insert(a.workers.end(), joining.begin(), joining.end());
   a.phase = Phase::kStopping;
   a.deadline = clock_->Now() + options_.stop_timeout;
   a.plan_attempt = 0;  // a plan being computed is for the old workers
@@ -882,7 +1028,9 @@ void Scheduler::ContinueRecovery(ActiveJob& a) {
   }
   a.workers.insert(a.workers.end(), joined.begin(), joined.end());
   jobs_->SetWorkers(id, a.workers).IgnoreError();
-  if (joined.empty()) {
+  const bool profiled = std::all_of(a.workers.begin(), a.workers.end(),
+                                    [&](const std::string& w) { return a.profiles.count(w) > 0; });
+  if (profiled) {
     // Everyone left has profiled this model: plan from those profiles.
     a.phase = Phase::kProfiling;
     a.plan_ready = true;
@@ -893,9 +1041,8 @@ void Scheduler::ContinueRecovery(ActiveJob& a) {
     return;
   }
   if (!jobs_->Transition(id, apapo::v1::JOB_STATE_PROFILING,
-                         absl::StrCat(absl::StrJoin(joined, ", "),
-                                      " joined; profiling on ",
-                                      absl::StrJoin(a.workers, ", ")))
+                         absl::StrCat("profiling on ", absl::StrJoin(a.workers, ", "),
+                                      " (not all have profiled this model)"))
            .ok()) {
     return;
   }
@@ -934,6 +1081,7 @@ void Scheduler::OnCancelled(const apapo::v1::Job& job) {
   }
   registry_->Release(job.id(), it->second.workers);
   if (!it->second.held_back.empty()) registry_->Release(job.id(), it->second.held_back);
+  if (!it->second.growing.empty()) registry_->Release(job.id(), it->second.growing);
   active_.erase(it);
   if (observer_ != nullptr) observer_->OnJobEnded(job.id());
 }
@@ -1056,6 +1204,7 @@ void Scheduler::Finish(const std::string& job_id_ref, JobState state,
   }
   registry_->Release(job_id, it->second.workers);
   if (!it->second.held_back.empty()) registry_->Release(job_id, it->second.held_back);
+  if (!it->second.growing.empty()) registry_->Release(job_id, it->second.growing);
   active_.erase(it);
   dirty_ = true;
   if (observer_ != nullptr) observer_->OnJobEnded(job_id);

@@ -40,6 +40,18 @@
 // adopt_timeout restarts without it (as RECOVERING above). A stage no
 // job here expects (another attempt, an unknown job) is stopped.
 //
+// Growing: a RUNNING job on fewer workers than fault_tolerance.max_workers
+// is checked every growth_check_every while idle matching workers exist.
+// The planner plans (without the lock) for the job's workers plus them,
+// the newcomers taken to be like the job's first worker (its profile, the
+// slowest measured link). When that plan predicts at least growth_gain x
+// the current plan's samples/s, the job checkpoints and has at least
+// growth_min_remaining of training left, the newcomers are reserved and
+// the job restarts with them once its progress passes the next checkpoint
+// step (the work redone is the second or so that reports lag). A growth is
+// a restart like a fault's (it counts, and is only tried while restarts
+// remain); the newcomers are profiled with the others first.
+//
 // Events come from the workers' streams (OnWorkerMessage), the registry
 // (OnWorkerLost) and the JobManager (OnCancelled); they only update state
 // under mu_ and send non-blocking commands. Queue scans, planning and
@@ -98,6 +110,10 @@ struct SchedulerOptions {
   // How long a restarted coordinator waits for the workers of a running
   // job to register again before it restarts the job without the missing.
   absl::Duration adopt_timeout = absl::Seconds(60);
+  // Growing into idle workers (see the header comment).
+  double growth_gain = 1.2;
+  absl::Duration growth_min_remaining = absl::Minutes(1);
+  absl::Duration growth_check_every = absl::Seconds(10);
 };
 
 // Observes what the scheduler sees, for metrics export.
@@ -199,6 +215,13 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::JobRestart restart;
     std::set<std::string> stopping;  // kStopping: stages not ended yet
     std::set<std::string> adopted;   // kAdopting: stages reported back
+    // Growing: idle workers reserved to join at step grow_at_step, the
+    // gain the planner predicted, and when to look for idle ones next.
+    std::vector<std::string> growing;
+    int64_t grow_at_step = 0;
+    double grow_gain = 0;
+    absl::Time next_growth_check;
+    std::string growth_note;  // the last "not taken" event, said once
     // Left out because their stage did not end: still reserved.
     std::vector<std::string> held_back;
     absl::Time wait_deadline;        // kWaiting: end of the wait
@@ -213,6 +236,8 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::JobSpec spec;
     apapo::v1::ModelProfile profile;
     apapo::v1::ClusterSpec cluster;
+    // A growth check: the idle workers planned with the job's (not its).
+    std::vector<std::string> candidates;
   };
 
   void AdmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,8 +245,16 @@ class Scheduler : public WorkerMessageListener {
   // Moves every job whose profiles are in to PLANNING and returns what to
   // plan for each.
   std::vector<PlanRequest> TakePlanRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The cluster the job's profiles describe (records the links measured).
-  PlanRequest MakePlanRequest(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cluster the job's profiles describe (records the links measured
+  // when `record`).
+  PlanRequest MakePlanRequest(ActiveJob& job, bool record = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Growth checks due (see the header comment): plans for running jobs
+  // with idle workers added.
+  std::vector<PlanRequest> TakeGrowthRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the candidates if the plan predicts enough gain.
+  void CommitGrowth(const PlanRequest& request, absl::StatusOr<apapo::v1::Plan> plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the planner's answer if the job is still as `request` saw it;
   // otherwise discards it (see the header comment).
   void CommitPlan(const PlanRequest& request,
@@ -267,8 +300,12 @@ class Scheduler : public WorkerMessageListener {
   // A fault: `lost` (may be empty) are gone, `cause` says what happened.
   // Restarts the job if its policy allows (see the header comment),
   // otherwise fails it.
+  // `joining` (reserved, idle) join the job's workers once the stages are
+  // stopped.
   void Recover(ActiveJob& a, const std::vector<std::string>& lost,
-               const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+               const std::string& cause,
+               const std::vector<std::string>& joining = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every stage has ended: take idle workers, then plan, profile or wait.
   void ContinueRecovery(ActiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `worker_id` from a job that is restarting: released when lost,

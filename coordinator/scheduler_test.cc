@@ -41,7 +41,7 @@ class FakePlanner : public planning::Planner {
       st->add_node_ids(stages == 1 ? "fc1,fc2" : s == 0 ? "fc1" : "fc2");
       st->add_placement()->set_worker_id(cluster.workers(s).worker_id());
     }
-    plan.mutable_prediction()->set_samples_per_second(100);
+    plan.mutable_prediction()->set_samples_per_second(100.0 * stages);
     return plan;
   }
   absl::Status error;
@@ -121,6 +121,7 @@ class SchedulerTest : public ::testing::Test {
       spec.mutable_fault_tolerance()->set_max_restarts(max_restarts_);
     }
     if (min_workers_ > 0) spec.mutable_fault_tolerance()->set_min_workers(min_workers_);
+    if (max_workers_ > 0) spec.mutable_fault_tolerance()->set_max_workers(max_workers_);
     if (max_duration > absl::ZeroDuration()) {
       spec.mutable_limits()->mutable_max_duration()->set_seconds(
           absl::ToInt64Seconds(max_duration));
@@ -224,6 +225,7 @@ class SchedulerTest : public ::testing::Test {
   // spec.fault_tolerance of the jobs Submit makes (-1 / 0: unset).
   int max_restarts_ = -1;
   int min_workers_ = 0;
+  int max_workers_ = 0;
   absl::Notification gate_;
   MemoryJobStore store_;
   FakeClock clock_;
@@ -906,6 +908,80 @@ TEST_F(AdoptionTest, AStageOfAnotherAttemptIsStoppedAndAMissingOneRestartsTheJob
             "coordinator restarted and w-2 did not report back within 1m");
   auto stop1 = s1->TakeCommand();
   ASSERT_TRUE(stop1.has_value() && stop1->has_stop());
+}
+
+TEST_F(SchedulerTest, AJobGrowsIntoAnIdleWorkerAtItsNextCheckpoint) {
+  max_workers_ = 2;
+  AddWorker("w-1");
+  std::string id = Submit(1);
+  scheduler_.RunOnce();
+  ASSERT_TRUE(Next("w-1").has_profile());
+  Profile("w-1", id, 1.0);
+  scheduler_.RunOnce();
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  Ack("w-1", a0.command_id(), 6000);
+  ASSERT_TRUE(Next("w-1").has_start());
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  // 1,000 of 10,000 steps done at 10 steps/s: 15 minutes left.
+  WorkerMessage m;
+  m.mutable_metrics()->set_job_id(id);
+  m.mutable_metrics()->set_step(1000);
+  m.mutable_metrics()->set_total_steps(10000);
+  m.mutable_metrics()->set_samples_per_second(1000);
+  m.mutable_metrics()->mutable_stage()->set_stage(0);
+  scheduler_.OnWorkerMessage("w-1", m);
+  scheduler_.RunOnce();  // no idle worker: nothing to do
+  AddWorker("w-2");
+  clock_.Advance(SchedulerOptions().growth_check_every);
+  scheduler_.RunOnce();  // plans with w-2: 2 stages, 200 vs 100 samples/s
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_EQ(planner_.seen_cluster.workers(1).worker_id(), "w-2");
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_BUSY], 2);  // reserved
+  EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("w-2 idle: the planner predicts 2.00x the samples/s with it "
+                        "(1.20x needed); taking it in after the checkpoint of step 1100"));
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  m.mutable_metrics()->set_step(1099);
+  scheduler_.OnWorkerMessage("w-1", m);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  m.mutable_metrics()->set_step(1105);
+  scheduler_.OnWorkerMessage("w-1", m);
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job->restart_history(0).cause(), "w-2 joined: predicted 2.00x the samples/s");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled);
+  // w-2 has not profiled the model: both profile, then the job resumes on 2.
+  job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_PROFILING);
+  EXPECT_THAT(job->worker_ids(), ::testing::ElementsAre("w-1", "w-2"));
+}
+
+TEST_F(SchedulerTest, AnIdleWorkerIsNotTakenForASmallGainOrWithLittleTimeLeft) {
+  max_workers_ = 3;
+  std::string id = StartRunningJob();  // 2 stages: the fake's most
+  WorkerMessage m;
+  m.mutable_metrics()->set_job_id(id);
+  m.mutable_metrics()->set_step(100);
+  m.mutable_metrics()->set_total_steps(10000);
+  m.mutable_metrics()->set_samples_per_second(1000);
+  m.mutable_metrics()->mutable_stage()->set_stage(1);
+  scheduler_.OnWorkerMessage("w-2", m);
+  AddWorker("w-3");
+  scheduler_.RunOnce();
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+  EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
+              HasSubstr("w-3 idle: the planner predicts 1.00x the samples/s with it, "
+                        "below the 1.20x a restart needs; not taken"));
+  // 30 s left: not worth a restart, not even planned.
+  m.mutable_metrics()->set_step(9700);
+  scheduler_.OnWorkerMessage("w-2", m);
+  planner_.seen_cluster.Clear();
+  clock_.Advance(SchedulerOptions().growth_check_every);
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
 }
 
 }  // namespace

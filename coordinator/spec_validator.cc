@@ -427,6 +427,10 @@ void ValidateLimits(Problems& p, const apapo::v1::Limits& limits) {
 void ValidateFaultTolerance(Problems& p, const JobSpec& spec) {
   const auto& f = spec.fault_tolerance();
   CheckRange(p, "spec.fault_tolerance.max_restarts", f.max_restarts(), 0, 1000);
+  if (f.has_max_workers()) {
+    CheckRange(p, "spec.fault_tolerance.max_workers", f.max_workers(),
+               std::max(1, spec.resources().workers()), 100000);
+  }
   if (f.has_min_workers()) {
     CheckRange(p, "spec.fault_tolerance.min_workers", f.min_workers(), 1,
                std::max(1, spec.resources().workers()));

@@ -276,6 +276,12 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
   return chosen;
 }
 
+std::vector<std::string> WorkerRegistry::IdleMatching(
+    int max_count, const std::map<std::string, std::string>& selector) {
+  absl::ReaderMutexLock lock(&mu_);
+  return MatchingIdleLocked(max_count, selector);
+}
+
 std::vector<std::string> WorkerRegistry::ReserveUpTo(
     const std::string& job_id, int max_count,
     const std::map<std::string, std::string>& selector) {

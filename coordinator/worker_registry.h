@@ -162,6 +162,9 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<std::string>> Reserve(
       const std::string& job_id, int count,
       const std::map<std::string, std::string>& selector);
+  // Up to `max_count` idle workers matching `selector`, not reserved.
+  std::vector<std::string> IdleMatching(
+      int max_count, const std::map<std::string, std::string>& selector);
   // Takes up to `max_count` idle workers matching `selector` (maybe none).
   std::vector<std::string> ReserveUpTo(
       const std::string& job_id, int max_count,

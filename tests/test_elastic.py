@@ -183,6 +183,39 @@ class CoordinatorRestartTest(unittest.TestCase):
             c.close()
 
 
+class GrowTest(unittest.TestCase):
+    def test_an_idle_worker_joins_a_running_job_below_its_max_workers(self):
+        c = Cluster(workers=1, coordinator_flags=["--growth_min_remaining=5s",
+                                                  "--growth_check_every=1s"])
+        try:
+            s = spec(steps=1200, workers=1, max_workers=2)
+            # Wide enough layers that a second worker is predicted to pay.
+            s.model.builtin.hyper_parameters["hidden"].i = 1024
+            s.model.builtin.hyper_parameters["layers"].i = 4
+            job_id = c.submit(s)
+            c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
+                          m.job.progress.step > 0, timeout=300)
+            c.add_worker("w-2")
+            # The planner predicts a gain worth a restart: w-2 is reserved
+            # and taken in at the next checkpoint.
+            c.watch_until(job_id, lambda m: re.match(
+                r"w-2 idle: the planner predicts \d+\.\d\dx the samples/s with it "
+                r"\(1\.20x needed\); taking it in after the checkpoint of step \d+",
+                m.event.message), timeout=120)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            self.assertEqual(job.restarts, 1)
+            r = job.restart_history[0]
+            self.assertRegex(r.cause, r"^w-2 joined: predicted \d+\.\d\dx the samples/s$")
+            self.assertEqual((r.workers_before, r.workers_after), (1, 2))
+            self.assertGreater(r.resumed_step, 0)
+            self.assertEqual(r.resumed_step % EVERY, 0)
+            self.assertEqual(sorted(job.worker_ids), ["w-1", "w-2"])
+            self.assertGreaterEqual(job.progress.step, 1200)
+        finally:
+            c.close()
+
+
 class TooFewWorkersTest(unittest.TestCase):
     def test_job_waits_for_capacity_then_fails_saying_why(self):
         c = Cluster(workers=2)
