@@ -54,8 +54,19 @@ class DeployTest(unittest.TestCase):
         with open(os.path.join(DEPLOY, "kubernetes", "apapo.yaml")) as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
         kinds = sorted(d["kind"] for d in docs)
-        self.assertEqual(kinds, ["Deployment", "PersistentVolumeClaim", "Service",
-                                 "Service", "StatefulSet"])
+        self.assertEqual(kinds, ["Deployment", "PersistentVolumeClaim",
+                                 "PersistentVolumeClaim", "Service", "Service",
+                                 "StatefulSet"])
+        # Every worker pod mounts the one checkpoint volume all of them share,
+        # at the coordinator's default --checkpoint_root.
+        claims = {d["metadata"]["name"]: d for d in docs
+                  if d["kind"] == "PersistentVolumeClaim"}
+        self.assertEqual(claims["apapo-checkpoints"]["spec"]["accessModes"], ["ReadWriteMany"])
+        worker = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+        volume = next(v for v in worker["volumes"] if v.get("persistentVolumeClaim"))
+        self.assertEqual(volume["persistentVolumeClaim"]["claimName"], "apapo-checkpoints")
+        mounts = {m["name"]: m["mountPath"] for m in worker["containers"][0]["volumeMounts"]}
+        self.assertEqual(mounts[volume["name"]], "/var/lib/apapo/checkpoints")
         for d in docs:
             if d["kind"] in ("Deployment", "StatefulSet"):
                 for c in d["spec"]["template"]["spec"]["containers"]:
