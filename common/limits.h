@@ -19,6 +19,15 @@ inline constexpr int kMaxMessageBytes = 4 << 20;
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
 inline constexpr size_t kMaxPageBytes = kMaxMessageBytes / 2;
 
+// Keepalive on the worker stream. A worker pings the coordinator every
+// kKeepaliveTimeMs and drops the connection when a ping goes unanswered for
+// kKeepaliveTimeoutMs, so a cut link (no FIN, no RST: writes just queue)
+// ends its stream within 15 s and it reconnects; the coordinator accepts
+// pings that often. The coordinator finds a silent worker by its missing
+// heartbeats (3 intervals) without pinging it.
+inline constexpr int kKeepaliveTimeMs = 10000;
+inline constexpr int kKeepaliveTimeoutMs = 5000;
+
 }  // namespace apapo
 
 #endif  // APAPO_COMMON_LIMITS_H_

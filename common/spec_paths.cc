@@ -136,12 +136,15 @@ absl::Status CheckSpecPathsOnDisk(const apapo::v1::JobSpec& spec,
   for (const SpecPath& p : PathsInSpec(spec)) {
     if (absl::Status s = CheckLexically(p, roots); !s.ok()) return s;
     std::error_code ec;
-    // A directory to write may not exist yet: its nearest existing parent
-    // decides where it lands.
+    // A directory to write may not exist yet (nor its root): its nearest
+    // existing parent decides where it lands, and the parts below it, which
+    // do not exist and so cannot be symlinks, follow lexically.
     fs::path existing = p.path;
+    fs::path missing;
     if (p.writable) {
       while (!fs::exists(existing, ec) && existing.has_parent_path() &&
              existing != existing.parent_path()) {
+        missing = existing.filename() / missing;
         existing = existing.parent_path();
       }
     }
@@ -150,10 +153,14 @@ absl::Status CheckSpecPathsOnDisk(const apapo::v1::JobSpec& spec,
       return Refuse(p, absl::StrCat(p.path, " cannot be read on this worker: ",
                                     ec.message()));
     }
+    const bool exists = missing.empty();
+    if (!exists) real = (real / missing).lexically_normal();
+    if (!real.empty() && real.filename().empty()) real = real.parent_path();
     if (!UnderAny(real.string(), real_roots)) {
       return Refuse(p, absl::StrCat(p.path, " resolves to ", real.string(), ", ",
                                     Outside(real.string(), real_roots)));
     }
+    if (!exists) continue;  // created under the roots when written
     const fs::file_status st = fs::status(real, ec);
     if (p.directory ? !fs::is_directory(st) : !fs::is_regular_file(st)) {
       return Refuse(p, absl::StrCat(p.path, " is not a ",

@@ -95,6 +95,16 @@ TEST_F(SpecPathsTest, ACheckpointDirectoryMayBeNewButNotLeadOutside) {
                         " resolves to " + outside.string()));
 }
 
+TEST_F(SpecPathsTest, ACheckpointDirectoryMayLieUnderARootNotCreatedYet) {
+  // A new machine's /var/lib/apapo: the first checkpoint creates it.
+  const std::vector<std::string> roots = {(root_ / "not-yet").string()};
+  apapo::v1::JobSpec spec;
+  spec.mutable_checkpoint()->set_directory((root_ / "not-yet" / "checkpoints" / "job-1").string());
+  EXPECT_TRUE(CheckSpecPathsOnDisk(spec, roots).ok()) << CheckSpecPathsOnDisk(spec, roots);
+  spec.mutable_checkpoint()->set_directory((root_ / "elsewhere" / "job-1").string());
+  EXPECT_FALSE(CheckSpecPathsOnDisk(spec, roots).ok());
+}
+
 TEST_F(SpecPathsTest, GraphNodePathsAndTorchScriptAreChecked) {
   apapo::v1::JobSpec spec;
   auto* node = spec.mutable_model()->mutable_graph()->add_nodes();

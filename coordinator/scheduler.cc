@@ -753,6 +753,7 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
       // again before its first step still uses up its restarts).
       a.recovering = false;
       a.awaiting_first_step = true;
+      a.restart_progress = true;
       a.restart.set_stages_after(a.plan.stages_size());
       a.restart.set_workers_after(static_cast<int>(a.ranks.size()));
       jobs_->UpdateRestart(a.id, a.restart).IgnoreError();
@@ -779,6 +780,13 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
   apapo::v1::JobProgress progress = job->progress();
   progress.clear_stages();
   const int last_stage = a.plan.stages_size() - 1;
+  if (a.restart_progress && report.stage().stage() == last_stage) {
+    // Restarted from a checkpoint: the steps since it are trained again,
+    // and progress shows them so.
+    a.restart_progress = false;
+    progress.set_step(0);
+    progress.set_epoch(0);
+  }
   double last_stage_sps = 0;
   int32_t max_staleness = 0;
   for (const auto& [w, r] : a.latest) {
@@ -1053,6 +1061,9 @@ void Scheduler::OnRecovered(ActiveJob& a, const apapo::v1::MetricsReport& report
   a.awaiting_first_step = false;
   const double seconds = absl::ToDoubleSeconds(clock_->Now() - a.fault_time);
   a.restart.set_resumed_step(report.resumed_step());
+  // The fault's step was the newest reported, up to a report interval old:
+  // the checkpoint resumed from is a lower bound too.
+  a.restart.set_step_at_fault(std::max(a.restart.step_at_fault(), report.resumed_step()));
   a.restart.set_seconds_lost(seconds);
   jobs_->UpdateRestart(a.id, a.restart).IgnoreError();
   jobs_->RecordEvent(

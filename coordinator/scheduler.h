@@ -13,10 +13,11 @@
 //   RUNNING    once every rank acknowledged its assignment, all are started;
 //              metrics reports become the job's progress
 //   SUCCEEDED  every stage reported a normal outcome
-//   FAILED     a stage failed, a command was refused, a worker was lost, a
-//              phase passed its deadline or the job ran past its
-//              limits.max_duration: the others are stopped and every
-//              worker is released, never left hung
+//   FAILED     a stage failed on its own, a command was refused, a worker
+//              was lost with no restart allowed (below), a phase passed its
+//              deadline or the job ran past its limits.max_duration: the
+//              others are stopped and every worker is released, never left
+//              hung
 //   CANCELLED  (JobManager::Cancel) the stages are stopped, workers released
 //   RECOVERING a worker of a job past profiling was lost, or a stage failed
 //              because a peer did (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED,
@@ -209,6 +210,9 @@ class Scheduler : public WorkerMessageListener {
     // restart's record.
     bool recovering = false;
     bool awaiting_first_step = false;
+    // The restarted attempt's first progress replaces the old attempt's
+    // (which may be ahead of the checkpoint it resumed from).
+    bool restart_progress = false;
     bool resume = false;  // assignments resume from the checkpoint
     int restarts = 0;
     absl::Time fault_time;

@@ -684,6 +684,8 @@ TEST_F(SchedulerTest, LostWorkerReplansOnTheSurvivorFromItsProfileAndResumes) {
   SendMetrics(scheduler_, "w-1", id, 0, 250, 200);
   job = jobs_.Get(id);
   EXPECT_EQ(job->restart_history(0).resumed_step(), 200);
+  // Progress shows the steps since the checkpoint being trained again.
+  EXPECT_EQ(job->progress().step(), 250);
   EXPECT_DOUBLE_EQ(job->restart_history(0).seconds_lost(), 4);
   EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
               HasSubstr("training again from step 200 (the fault came at step 340), "

@@ -30,6 +30,11 @@ absl::StatusOr<int> CoordinatorServer::Start(
   // flow-control window for bulk transfers; a control plane's messages are
   // small, and a fleet's heartbeats would each cost a ping round trip.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Workers' keepalive pings (common/limits.h) are welcome, streams or not;
+  // by default gRPC answers pings more frequent than 5 min with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kKeepaliveTimeMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   // The one limit servers and clients agree on (common/limits.h).
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);

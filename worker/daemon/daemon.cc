@@ -8,6 +8,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "google/protobuf/util/time_util.h"
 #include "grpcpp/grpcpp.h"
 
@@ -342,7 +343,16 @@ void WorkerDaemon::Run() {
 }
 
 void WorkerDaemon::RunSession() {
-  auto channel = grpc::CreateChannel(options_.coordinator, options_.credentials);
+  // Keepalive pings find a cut link (common/limits.h): the stream then ends
+  // and the daemon reconnects, its stages training on.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  auto channel = grpc::CreateCustomChannel(options_.coordinator, options_.credentials, args);
   auto stub = apapo::v1::WorkerService::NewStub(channel);
   grpc::ClientContext context;
   {
