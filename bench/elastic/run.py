@@ -448,7 +448,7 @@ class Bench:
             steps = max(500, int(rate * (a.goodput_minutes * 60 - startup)) // 100 * 100)
             out["calibration_startup_s"] = startup
             out.update(calibration_steps_per_s=rate, steps=steps, recovery_faults=len(faults))
-            log(f"goodput: {rate:.1f} steps/s submit->end in calibration: {steps} steps")
+            log(f"goodput: calibration {rate:.1f} steps/s steady, start-up {startup:.0f}s: {steps} steps")
             self.goodput_run(c, steps, False, out["runs"])
             self.save(results)
             self.goodput_run(c, steps, True, out["runs"])
@@ -518,7 +518,7 @@ def main():
     ap.add_argument("--kill_step", type=int, default=450,
                     help="recovery: kill once the job passed this step (+0..99, per fault)")
     ap.add_argument("--rounds", type=int, default=3, help="checkpoint cost: A/B rounds")
-    ap.add_argument("--ckpt_steps", type=int, default=300,
+    ap.add_argument("--ckpt_steps", type=int, default=150,
                     help="checkpoint cost: steps of each big-mlp run")
     ap.add_argument("--warmup_steps", type=int, default=20,
                     help="checkpoint cost: the window starts at this step")
