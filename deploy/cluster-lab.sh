@@ -6,6 +6,9 @@
 #   deploy/cluster-lab.sh up [--hosts=N] [--racks=R] [--rack-rate=RATE]
 #                            [--cross-rate=RATE] [--prefix=P]
 #   deploy/cluster-lab.sh exec [--prefix=P] HOST COMMAND...  # run on host HOST (1..N)
+#   deploy/cluster-lab.sh cut [--prefix=P] HOST   # HOST's link goes dead (a pulled
+#                                                # cable: no FIN, no RST, nothing)
+#   deploy/cluster-lab.sh mend [--prefix=P] HOST  # ... and comes back
 #   deploy/cluster-lab.sh status [--prefix=P]
 #   deploy/cluster-lab.sh down [--prefix=P]      # kills what runs there, removes all
 #
@@ -30,7 +33,7 @@ RACK_RATE=10gbit
 CROSS_RATE=1gbit
 
 usage() {
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -49,6 +52,19 @@ if [ "$cmd" = exec ]; then
   [[ "$host" =~ ^[0-9]+$ ]] && [ $# -ge 2 ] || usage
   shift
   exec ip netns exec "${PREFIX}-h${host}" "$@"
+fi
+
+if [ "$cmd" = cut ] || [ "$cmd" = mend ]; then
+  case "${1:-}" in --prefix=*) PREFIX=${1#*=}; shift ;; esac
+  host=${1:-}
+  [[ "$host" =~ ^[0-9]+$ ]] && [ $# -eq 1 ] || usage
+  ip netns list 2>/dev/null | grep -qE "^${PREFIX}-h${host}( |$)" ||
+    die "no host ${host} in the lab with prefix ${PREFIX}"
+  # The host's end of its link goes down: frames to it are dropped at the
+  # rack bridge, so its peers see silence, not a reset.
+  ip -n "${PREFIX}-h${host}" link set eth0 "$([ "$cmd" = cut ] && echo down || echo up)"
+  echo "cluster-lab: host ${host}'s link is $([ "$cmd" = cut ] && echo cut || echo back)"
+  exit 0
 fi
 
 for arg in "$@"; do

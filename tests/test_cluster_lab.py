@@ -146,6 +146,80 @@ class ClusterLabTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
+    def test_a_worker_whose_link_is_cut_is_replanned_around(self):
+        # Three hosts in one rack: the coordinator alone on host 1, w-1 on
+        # host 2, w-2 on host 3. A placed worker's link is cut mid-run (no
+        # FIN, no RST: silence); the job goes on without it.
+        self.lab("down")
+        self.lab("up", "--hosts=3", "--racks=1", "--rack-rate=10gbit")
+        pki = t.temp_dir("lab-pki-")
+        subprocess.run(["bash", os.path.join(t.ROOT, "deploy", "pki.sh"), pki,
+                        "--server-name=198.18.0.1", "--worker=w-1", "--worker=w-2"],
+                       check=True, capture_output=True, timeout=60)
+        state = os.path.join(t.temp_dir("lab-"), "state.db")
+        _, m = self.start(1, [t.binary("coordinator", "apapo-coordinator"),
+                              "--host=198.18.0.1", "--port=0", "--metrics_port=-1",
+                              "--heartbeat_interval=1s", "--transfer_timeout=10s",
+                              f"--tls_cert={pki}/coordinator.pem",
+                              f"--tls_key={pki}/coordinator.key", f"--tls_ca={pki}/ca.pem",
+                              f"--state={state}"], r"listening on port (\d+)")
+        coordinator = f"198.18.0.1:{m.group(1)}"
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        host_of = {"w-1": 2, "w-2": 3}
+        for w, host in host_of.items():
+            self.start(host, [t.binary("worker", "apapo-worker"),
+                              f"--coordinator={coordinator}", f"--id={w}",
+                              f"--host=198.18.0.{host}", "--threads=1",
+                              f"--tls_ca={pki}/ca.pem", f"--tls_cert={pki}/worker-{w}.pem",
+                              f"--tls_key={pki}/worker-{w}.key"],
+                       rf"registered as {w}", env=env)
+        spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
+        with open(spec, "w") as f:
+            f.write(t.short_job(name="cut-link", steps=4000, workers=2))
+        ctl = [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
+               f"--tls_ca={pki}/ca.pem"]
+        r = subprocess.run(self.on(1, ctl + ["submit", spec]), capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip()
+        watch = t.Process(self.on(1, ctl + ["watch", job]))
+        self.addCleanup(watch.stop)
+        # Past its first checkpoint (every 100 steps by default).
+        watch.wait_for_line(r"running\s.*step ([3-9]\d\d|[1-9]\d{3,})/", timeout=300)
+        r = subprocess.run(self.on(1, ctl + ["get", job]), capture_output=True,
+                           text=True, timeout=60)
+        placed = re.findall(r'worker_ids: "(w-\d)"', r.stdout)
+        self.assertTrue(placed, r.stdout)
+        victim = placed[-1]
+        self.lab("cut", str(host_of[victim]))
+        # The coordinator finds it silent (3 heartbeats), stops the other
+        # stage and restarts the job from its checkpoint on the survivor.
+        watch.wait_for_line(rf"restart 1 of 3: worker {victim} lost: no heartbeat", timeout=60)
+        watch.wait_for_line(rf"{job} succeeded", timeout=600)
+        r = subprocess.run(self.on(1, ctl + ["get", job]), capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("restarts: 1", r.stdout)
+        self.assertIn(f'lost_workers: "{victim}"', r.stdout)
+        self.assertNotIn(f'worker_ids: "{victim}"', r.stdout)
+        # Cut off, the victim's stage finds its peer gone within the transfer
+        # timeout and ends: nothing of the job runs on that host any more.
+        ns = f"{self.prefix}-h{host_of[victim]}"
+
+        def stages_on_victim():
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                  text=True).stdout.split()
+            running = []
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"--run_assignment" in f.read():
+                            running.append(pid)
+                except OSError:
+                    pass
+            return running
+        t.wait_until(lambda: not stages_on_victim(), 90, f"the stage on {victim} to end")
+
 
 if __name__ == "__main__":
     unittest.main()
