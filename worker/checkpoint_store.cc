@@ -80,6 +80,7 @@ absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
     if (ended) return DataLoss(path, "text after 'end'");
     std::vector<absl::string_view> f =
         absl::StrSplit(lines[i], ' ', absl::SkipEmpty());
+    if (f.empty()) continue;  // a line of spaces
     const std::string line_no = absl::StrCat("line ", i + 1, ": ");
     auto bad = [&](absl::string_view why) {
       return DataLoss(path, absl::StrCat(line_no, why, ": '", lines[i], "'"));
@@ -103,7 +104,7 @@ absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
     } else if (f[0] == "data") {
       uint32_t crc;
       if (f.size() != 4 || absl::StrContains(f[1], '/') ||
-          !absl::SimpleAtoi(f[2], &m.data_bytes) ||
+          !absl::SimpleAtoi(f[2], &m.data_bytes) || m.data_bytes < 0 ||
           !absl::SimpleAtoi(f[3], &crc)) {
         return bad("bad data record");
       }
@@ -128,11 +129,19 @@ absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
       }
       const auto dtype = DTypeNamed(e.dtype);
       if (!dtype.has_value()) return bad("unknown dtype");
+      // A hostile or corrupt manifest must not overflow the arithmetic.
       int64_t numel = 1;
-      for (int64_t d : e.dims) numel *= d;
-      if (e.rows.begin < 0 || e.rows.end > e.total_rows ||
+      for (int64_t d : e.dims) {
+        if (__builtin_mul_overflow(numel, d, &numel)) return bad("dims too large");
+      }
+      int64_t expected_bytes = 0;
+      if (__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)),
+                                 &expected_bytes)) {
+        return bad("dims too large");
+      }
+      if (e.rows.begin < 0 || e.rows.end < e.rows.begin || e.rows.end > e.total_rows ||
           e.rows.size() != RowsOf(e.dims) || e.offset < 0 ||
-          e.bytes != numel * static_cast<int64_t>(c10::elementSize(*dtype))) {
+          e.bytes != expected_bytes) {
         return bad("rows, dims and bytes disagree");
       }
       if (!seen.insert(absl::StrCat(e.key, "@", e.rows.begin)).second) {
@@ -146,7 +155,7 @@ absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
   if (!ended) return DataLoss(path, "truncated (no 'end' line)");
   if (m.data_path.empty()) return DataLoss(path, "no data record");
   for (const auto& e : m.entries) {
-    if (e.offset + e.bytes > m.data_bytes) {
+    if (e.offset > m.data_bytes || e.bytes > m.data_bytes - e.offset) {
       return DataLoss(path, absl::StrCat("tensor '", e.key,
                                          "' lies past the data's end"));
     }

@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -401,6 +404,38 @@ TEST_F(StepsTest, CorruptFilesAreDataLossNamingTheFile) {
   fs_.Put("/ckpt/step-10/stage-0.manifest", "garbage");
   EXPECT_EQ(store_.NewestCompleteStep().status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StepsTest, HostileManifestsAreDataLossNotCrashes) {
+  ASSERT_TRUE(Save(0, 10).ok());
+  ASSERT_TRUE(Save(1, 10).ok());
+  const std::string good = *fs_.Read("/ckpt/step-10/stage-0.manifest");
+  // A line of spaces is no record (it used to index an empty split).
+  fs_.Put("/ckpt/step-10/stage-0.manifest",
+          absl::StrReplaceAll(good, {{"\nend", "\n   \nend"}}));
+  EXPECT_TRUE(store_.NewestCompleteStep().ok()) << store_.NewestCompleteStep().status();
+  // Dimensions whose product overflows, an offset past the data's end by
+  // overflow, a negative data size: refused, naming the file.
+  const std::string tensor_line = good.substr(good.find("\ntensor ") + 1,
+                                              good.find('\n', good.find("\ntensor ") + 1) -
+                                                  good.find("\ntensor ") - 1);
+  std::vector<std::string> f = absl::StrSplit(tensor_line, ' ');
+  ASSERT_EQ(f.size(), 9u) << tensor_line;
+  auto with = [&](int field, const std::string& value) {
+    std::vector<std::string> g = f;
+    g[field] = value;
+    return absl::StrReplaceAll(good, {{tensor_line, absl::StrJoin(g, " ")}});
+  };
+  for (const std::string& hostile :
+       {with(8, "4611686018427387904x4611686018427387904x4"),
+        with(6, "9223372036854775800"),
+        with(4, "-5"),
+        absl::StrReplaceAll(good, {{"\ndata stage-0.data ", "\ndata stage-0.data -"}})}) {
+    fs_.Put("/ckpt/step-10/stage-0.manifest", hostile);
+    absl::Status st = store_.NewestCompleteStep().status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << hostile;
+    EXPECT_THAT(st.message(), HasSubstr("/ckpt/step-10/stage-0.manifest"));
+  }
 }
 
 TEST_F(StepsTest, AManifestOfAnotherModelIsInvalidArgumentNamingTheKey) {
