@@ -20,7 +20,7 @@ from google.protobuf import text_format  # noqa: E402
 
 ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
 EVERY = 100  # steps between checkpoints
-STEPS = 2800  # 3 epochs of Fashion-MNIST at 64 samples a step
+STEPS = 4700  # 5 epochs of Fashion-MNIST at 64 samples a step (a settled accuracy)
 
 
 def spec(steps, workers, **fault_tolerance):
@@ -55,6 +55,10 @@ def stage_processes(daemon_pids):
         if "--run_assignment" in cmdline and ppid in daemon_pids:
             found.append(int(entry))
     return found
+
+
+# Test accuracy of spec(STEPS, 3) trained without a fault, once per run.
+_reference = {}
 
 
 class ElasticJobTest(unittest.TestCase):
@@ -107,25 +111,32 @@ class ElasticJobTest(unittest.TestCase):
         pids = {w.proc.pid for w in self.cluster.workers.values()}
         t.wait_until(lambda: not stage_processes(pids), 30, "stage processes to end")
 
+    def assert_accuracy_as_uninterrupted(self, job, what):
+        """Within 0.5 point of the same spec trained without a fault (run
+        once, on 3 workers: the faulted one is replaced for it)."""
+        if "accuracy" not in _reference:
+            c = self.cluster
+            c.add_worker("w-4")
+            ref_id = c.submit(spec(steps=STEPS, workers=3))
+            ref = c.watch_until(ref_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(ref.state, job_pb2.JOB_STATE_SUCCEEDED, ref.error)
+            self.assertEqual(ref.restarts, 0)
+            _reference["accuracy"] = ref.progress.test_accuracy
+        r = job.restart_history[0]
+        print(f"\nelastic: {what}; {r.stages_before} -> {r.stages_after} stage(s), "
+              f"resumed from step {r.resumed_step}, {r.seconds_lost:.1f} s lost; accuracy "
+              f"{100 * job.progress.test_accuracy:.2f}% vs "
+              f"{100 * _reference['accuracy']:.2f}% uninterrupted", flush=True)
+        self.assertAlmostEqual(job.progress.test_accuracy, _reference["accuracy"],
+                               delta=0.005)
+
     def test_worker_killed_mid_run_is_replanned_on_the_survivors(self):
         job, victim, placed = self.run_with_fault(
             lambda p: p.proc.send_signal(signal.SIGKILL))
         self.assert_restarted_once(job, victim, placed)
         self.assertIn("lost", job.restart_history[0].cause)
-        # Accuracy: within 0.5 point of the same spec trained without a fault.
+        self.assert_accuracy_as_uninterrupted(job, f"killed {victim}")
         c = self.cluster
-        c.add_worker("w-4")  # the killed worker's place, for the reference run
-        ref_id = c.submit(spec(steps=STEPS, workers=3))
-        ref = c.watch_until(ref_id, lambda m: m.job.state in ENDED, timeout=600)
-        self.assertEqual(ref.state, job_pb2.JOB_STATE_SUCCEEDED, ref.error)
-        self.assertEqual(ref.restarts, 0)
-        r = job.restart_history[0]
-        print(f"\nelastic: killed {victim}; {r.stages_before} -> {r.stages_after} stage(s), "
-              f"resumed from step {r.resumed_step}, {r.seconds_lost:.1f} s lost; accuracy "
-              f"{100 * job.progress.test_accuracy:.2f}% vs "
-              f"{100 * ref.progress.test_accuracy:.2f}% uninterrupted", flush=True)
-        self.assertAlmostEqual(job.progress.test_accuracy, ref.progress.test_accuracy,
-                               delta=0.005)
         # What the user sees: apapoctl get, and the restart on /metrics.
         ctl = t.binary("cli", "apapoctl")
         r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "get", job.id],
@@ -149,6 +160,7 @@ class ElasticJobTest(unittest.TestCase):
         job, victim, placed = self.run_with_fault(stop)
         self.assert_restarted_once(job, victim, placed)
         self.assertIn("heartbeat", job.restart_history[0].cause)
+        self.assert_accuracy_as_uninterrupted(job, f"stopped {victim}")
 
 
 class CoordinatorRestartTest(unittest.TestCase):
