@@ -65,38 +65,48 @@ class ClusterLabTest(unittest.TestCase):
         self.addCleanup(p.stop)
         return p, p.wait_for_line(ready, timeout=120)
 
-    def start_cluster(self, workers_per_host):
-        """The coordinator on host 1, `workers_per_host` workers on each of
-        hosts 1 and 2 (w-1, w-2 on hosts 1, 2; w-3, w-4 likewise). Returns
-        apapoctl's argv and a spec file for a job on all of them."""
+    def start_lab(self, host_of, coordinator_flags=()):
+        """The coordinator on host 1 and each worker of `host_of` (id ->
+        host) on its host, every address the host's own. Returns apapoctl's
+        argv for the coordinator."""
         # Beyond loopback the control plane runs TLS: a CA, the
         # coordinator's certificate for 198.18.0.1, one per worker.
-        workers = [f"w-{i}" for i in range(1, 2 * workers_per_host + 1)]
         pki = t.temp_dir("lab-pki-")
         subprocess.run(["bash", os.path.join(t.ROOT, "deploy", "pki.sh"), pki,
-                        "--server-name=198.18.0.1"] + [f"--worker={w}" for w in workers],
+                        "--server-name=198.18.0.1"] + [f"--worker={w}" for w in host_of],
                        check=True, capture_output=True, timeout=60)
         state = os.path.join(t.temp_dir("lab-"), "state.db")
         _, m = self.start(1, [t.binary("coordinator", "apapo-coordinator"),
                               "--host=198.18.0.1", "--port=0", "--metrics_port=-1",
                               f"--tls_cert={pki}/coordinator.pem",
                               f"--tls_key={pki}/coordinator.key", f"--tls_ca={pki}/ca.pem",
-                              f"--state={state}"], r"listening on port (\d+)")
+                              f"--state={state}", *coordinator_flags],
+                          r"listening on port (\d+)")
         coordinator = f"198.18.0.1:{m.group(1)}"
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        for i, w in enumerate(workers, start=1):
-            host = 1 if i % 2 else 2
+        for w, host in host_of.items():
             self.start(host, [t.binary("worker", "apapo-worker"),
                               f"--coordinator={coordinator}", f"--id={w}",
                               f"--host=198.18.0.{host}", "--threads=1",
                               f"--tls_ca={pki}/ca.pem", f"--tls_cert={pki}/worker-{w}.pem",
                               f"--tls_key={pki}/worker-{w}.key"],
                        rf"registered as {w}", env=env)
+        return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
+                f"--tls_ca={pki}/ca.pem"]
+
+    def spec_file(self, name, steps, workers):
         spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
         with open(spec, "w") as f:
-            f.write(t.short_job(name="two-hosts", steps=200, workers=2 * workers_per_host))
-        return [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
-                f"--tls_ca={pki}/ca.pem"], spec
+            f.write(t.short_job(name=name, steps=steps, workers=workers))
+        return spec
+
+    def start_cluster(self, workers_per_host):
+        """The coordinator on host 1, `workers_per_host` workers on each of
+        hosts 1 and 2 (w-1, w-2 on hosts 1, 2; w-3, w-4 likewise). Returns
+        apapoctl's argv and a spec file for a job on all of them."""
+        workers = [f"w-{i}" for i in range(1, 2 * workers_per_host + 1)]
+        ctl = self.start_lab({w: 1 if i % 2 else 2 for i, w in enumerate(workers, start=1)})
+        return ctl, self.spec_file("two-hosts", 200, len(workers))
 
     def test_a_job_across_two_hosts_trains_over_the_shaped_link(self):
         ctl, spec = self.start_cluster(workers_per_host=1)
@@ -152,32 +162,9 @@ class ClusterLabTest(unittest.TestCase):
         # FIN, no RST: silence); the job goes on without it.
         self.lab("down")
         self.lab("up", "--hosts=3", "--racks=1", "--rack-rate=10gbit")
-        pki = t.temp_dir("lab-pki-")
-        subprocess.run(["bash", os.path.join(t.ROOT, "deploy", "pki.sh"), pki,
-                        "--server-name=198.18.0.1", "--worker=w-1", "--worker=w-2"],
-                       check=True, capture_output=True, timeout=60)
-        state = os.path.join(t.temp_dir("lab-"), "state.db")
-        _, m = self.start(1, [t.binary("coordinator", "apapo-coordinator"),
-                              "--host=198.18.0.1", "--port=0", "--metrics_port=-1",
-                              "--heartbeat_interval=1s", "--transfer_timeout=10s",
-                              f"--tls_cert={pki}/coordinator.pem",
-                              f"--tls_key={pki}/coordinator.key", f"--tls_ca={pki}/ca.pem",
-                              f"--state={state}"], r"listening on port (\d+)")
-        coordinator = f"198.18.0.1:{m.group(1)}"
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         host_of = {"w-1": 2, "w-2": 3}
-        for w, host in host_of.items():
-            self.start(host, [t.binary("worker", "apapo-worker"),
-                              f"--coordinator={coordinator}", f"--id={w}",
-                              f"--host=198.18.0.{host}", "--threads=1",
-                              f"--tls_ca={pki}/ca.pem", f"--tls_cert={pki}/worker-{w}.pem",
-                              f"--tls_key={pki}/worker-{w}.key"],
-                       rf"registered as {w}", env=env)
-        spec = os.path.join(t.temp_dir("lab-"), "job.textproto")
-        with open(spec, "w") as f:
-            f.write(t.short_job(name="cut-link", steps=4000, workers=2))
-        ctl = [t.binary("cli", "apapoctl"), f"--coordinator={coordinator}",
-               f"--tls_ca={pki}/ca.pem"]
+        ctl = self.start_lab(host_of, ["--heartbeat_interval=1s", "--transfer_timeout=10s"])
+        spec = self.spec_file("cut-link", 4000, 2)
         r = subprocess.run(self.on(1, ctl + ["submit", spec]), capture_output=True,
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)

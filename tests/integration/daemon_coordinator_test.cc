@@ -116,16 +116,21 @@ struct Coordinator {
   std::vector<apapo::v1::WorkerInfo> registered ABSL_GUARDED_BY(mu);
 };
 
-TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
-  auto coord = std::make_unique<Coordinator>("127.0.0.1:0");
-  const int port = coord->port;
-  FakeRunner runner;
+// What the tests' daemon registers as, reconnecting fast.
+DaemonOptions TestDaemonOptions(int port) {
   DaemonOptions options;
   options.coordinator = "127.0.0.1:" + std::to_string(port);
   options.info.set_worker_id("w-test");
   options.initial_backoff = absl::Milliseconds(20);
   options.max_backoff = absl::Milliseconds(200);
-  WorkerDaemon daemon(options, &runner);
+  return options;
+}
+
+TEST(WorkerDaemonTest, ServesCommandsAndReconnectsAfterCoordinatorRestart) {
+  auto coord = std::make_unique<Coordinator>("127.0.0.1:0");
+  const int port = coord->port;
+  FakeRunner runner;
+  WorkerDaemon daemon(TestDaemonOptions(port), &runner);
   std::thread run([&] { daemon.Run(); });
   ASSERT_TRUE(daemon.WaitUntilRegistered(absl::Seconds(30)));
   ASSERT_EQ(coord->registry.List().size(), 1u);
@@ -188,12 +193,7 @@ TEST(WorkerDaemonTest, TrainingOutlivesTheCoordinatorAndIsReportedWhenItIsBack) 
   const int port = coord->port;
   const std::string address = "127.0.0.1:" + std::to_string(port);
   FakeRunner runner;
-  DaemonOptions options;
-  options.coordinator = address;
-  options.info.set_worker_id("w-test");
-  options.initial_backoff = absl::Milliseconds(20);
-  options.max_backoff = absl::Milliseconds(200);
-  WorkerDaemon daemon(options, &runner);
+  WorkerDaemon daemon(TestDaemonOptions(port), &runner);
   std::thread run([&] { daemon.Run(); });
   ASSERT_TRUE(daemon.WaitUntilRegistered(absl::Seconds(30)));
   EXPECT_EQ(coord->Registered(0).running_size(), 0);
