@@ -915,6 +915,7 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
     // The same fault seen again (its stream after its stage's error), or
     // another one while restarting: one restart, more workers lost.
     for (const std::string& w : lost) {
+      if (std::find(a.workers.begin(), a.workers.end(), w) == a.workers.end()) continue;
       DropWorker(a, w, /*hung=*/false);
       a.restart.add_lost_workers(w);
     }
@@ -947,11 +948,8 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
     if (observer_ != nullptr) observer_->OnJobRestarted(id);
   }
   for (const std::string& w : lost) {
-    auto it = std::find(a.workers.begin(), a.workers.end(), w);
-    if (it == a.workers.end()) continue;
-    a.workers.erase(it);
-    a.profiles.erase(w);
-    registry_->Release(id, {w});
+    if (std::find(a.workers.begin(), a.workers.end(), w) == a.workers.end()) continue;
+    DropWorker(a, w, /*hung=*/false);
     a.restart.add_lost_workers(w);
   }
   // Stop every stage still there. Those that were started end with an
