@@ -35,6 +35,10 @@ absl::StatusOr<int> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kKeepaliveTimeMs / 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // ... and it pings them too, so a connection whose worker vanished
+  // without a FIN is closed.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kServerKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   // The one limit servers and clients agree on (common/limits.h).
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
