@@ -103,7 +103,10 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   const double unsplit_samples_per_second = plan->samples_per_second;
   const bool may_split = !spec.schedule().has_split_layers() ||
                          spec.schedule().split_layers();
-  if (may_split && plan->stages.size() > 1 &&
+  // Tried whenever there is more than one worker, also when the unsplit
+  // plan is one replicated stage: a balanced cut inside a layer may beat
+  // the replication that beat every whole-layer cut.
+  if (may_split && cluster->num_workers() > 1 &&
       options.schedule != apapo::schedule::ScheduleKind::kDataParallel) {
     const std::vector<std::string> candidates = pt::SplitCandidates(profile, 0.05);
     for (int parts : {2, 4, 8}) {
