@@ -761,6 +761,19 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
   }
 }
 
+int64_t Scheduler::CheckpointedStep(const ActiveJob& a) {
+  // Per stage, the newest its replicas wrote (replica 0 writes); the job's
+  // is the oldest of those: a stage with no report has nothing written.
+  std::vector<int64_t> written(a.plan.stages_size(), 0);
+  for (const auto& [w, r] : a.latest) {
+    const int s = r.stage().stage();
+    if (s >= 0 && s < static_cast<int>(written.size())) {
+      written[s] = std::max(written[s], r.checkpoint_step());
+    }
+  }
+  return written.empty() ? 0 : *std::min_element(written.begin(), written.end());
+}
+
 void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
                           const apapo::v1::MetricsReport& in) {
   // The stream the report came on says which worker sent it (stage
@@ -824,9 +837,10 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
   }
   jobs_->UpdateProgress(a.id, progress).IgnoreError();
   if (!a.growing.empty() && a.phase == Phase::kRunning &&
-      progress.step() >= a.grow_at_step) {
-    // The checkpoint of grow_at_step is written (or being written: the
-    // stop waits for it): restart with the newcomers.
+      CheckpointedStep(a) >= a.grow_at_step) {
+    // Every stage has reported the checkpoint of grow_at_step written (a
+    // stop kills a write in flight, so the step trained is not enough):
+    // restart with the newcomers.
     std::vector<std::string> joining = std::move(a.growing);
     a.growing.clear();
     Recover(a, {},

@@ -282,6 +282,9 @@ class Scheduler : public WorkerMessageListener {
   void OnMetrics(ActiveJob& job, const std::string& worker_id,
                  const apapo::v1::MetricsReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The newest step whose checkpoint every stage of the job's plan has
+  // reported written (0: none).
+  static int64_t CheckpointedStep(const ActiveJob& job);
   void OnOutcome(ActiveJob& job, const std::string& worker_id,
                  const apapo::v1::StageOutcome& outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

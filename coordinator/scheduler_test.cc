@@ -947,7 +947,14 @@ TEST_F(SchedulerTest, AJobGrowsIntoAnIdleWorkerAtItsNextCheckpoint) {
   m.mutable_metrics()->set_step(1099);
   scheduler_.OnWorkerMessage("w-1", m);
   EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  // Step 1100 trained, its checkpoint still being written: a stop now would
+  // kill the write, so the job waits for the stage to report it written.
   m.mutable_metrics()->set_step(1105);
+  m.mutable_metrics()->set_checkpoint_step(1000);
+  scheduler_.OnWorkerMessage("w-1", m);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  m.mutable_metrics()->set_step(1107);
+  m.mutable_metrics()->set_checkpoint_step(1100);
   scheduler_.OnWorkerMessage("w-1", m);
   auto job = jobs_.Get(id);
   EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);

@@ -685,7 +685,9 @@ void CheckpointWriter::Loop() {
       st = absl::InternalError(absl::StrCat("writing checkpoint step ", c.step,
                                             " failed: ", e.what()));
     }
+    const int64_t step = c.step;
     c = StageCheckpoint();  // free the snapshot before reporting idle
+    if (st.ok()) written_step_.store(step, std::memory_order_release);
     mu_.Lock();
     writing_ = false;
     if (!st.ok() && error_.ok()) error_ = st;

@@ -64,6 +64,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -192,6 +193,10 @@ class CheckpointWriter {
   absl::Status Submit(StageCheckpoint snapshot);
   // Waits for the write in progress; the first write error, if any.
   absl::Status Wait();
+  // The newest step this writer has written completely (0: none yet). A
+  // stop (SIGTERM) kills a write in flight, so this, not the step trained,
+  // says what a restart can resume from.
+  int64_t written_step() const { return written_step_.load(std::memory_order_acquire); }
 
  private:
   void Loop();
@@ -212,6 +217,7 @@ class CheckpointWriter {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> written_step_{0};
 
   std::thread thread_;  // last: starts after the members it reads
 };

@@ -493,13 +493,16 @@ TEST_F(StepsTest, TheWriterWritesInTheBackgroundAndReportsErrors) {
     // Submit returned while the write waits in the file system.
     ASSERT_TRUE(gated.entered_.WaitForNotificationWithTimeout(absl::Seconds(30)));
     EXPECT_TRUE(gated.Paths().empty());
+    EXPECT_EQ(writer.written_step(), 0);  // submitted is not written
     gated.open_.Notify();
     EXPECT_TRUE(writer.Wait().ok());
+    EXPECT_EQ(writer.written_step(), 10);
     EXPECT_THAT(gated.Paths(), ::testing::Contains("/ckpt/step-10/stage-0.manifest"));
     gated.Fail("/ckpt/step-20/stage-0.data");
     ASSERT_TRUE(writer.Submit(Holding(plan_, 0, ref_, 20)).ok());
     absl::Status st = writer.Wait();
     EXPECT_THAT(st.message(), HasSubstr("/ckpt/step-20/stage-0.data"));
+    EXPECT_EQ(writer.written_step(), 10);  // a failed write is not written
     // The next submission reports it too, and writes nothing.
     EXPECT_FALSE(writer.Submit(Holding(plan_, 0, ref_, 30)).ok());
   }

@@ -92,6 +92,8 @@ struct StageExecutor::Impl {
   // `report` with the transport's counters (thread-safe to read mid-run).
   StageReport Snapshot() const {
     StageReport r = report;
+    r.checkpoint_step = std::max(
+        r.resumed_step, checkpoint_writer != nullptr ? checkpoint_writer->written_step() : 0);
     if (transport() != nullptr) {
       const TransportStats t = transport()->Stats();
       r.bytes_sent = t.bytes_sent;

@@ -36,6 +36,9 @@ struct StageReport {
   int max_weight_versions = 0;
   int64_t steps = 0;
   int64_t resumed_step = 0;  // the checkpoint's step this run started at
+  // The newest step whose checkpoint of this stage is on disk complete: the
+  // resumed one, or one this replica wrote since (replica 0 writes).
+  int64_t checkpoint_step = 0;
   double train_seconds = 0;  // wall time of the training phases
   // Executor time spent on checkpoints: snapshots, and waiting for the
   // previous (background) write; the write itself is not counted.

@@ -80,6 +80,7 @@ class ProgressReporter : public StageObserver {
     *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     m.set_step(r.steps);
     m.set_resumed_step(r.resumed_step);
+    m.set_checkpoint_step(r.checkpoint_step);
     m.set_samples(r.samples);
     m.set_samples_per_second(r.train_seconds > 0 ? r.samples / r.train_seconds
                                                  : 0);
@@ -133,6 +134,7 @@ class ProgressReporter : public StageObserver {
     m.set_loss(p.loss);
     if (counters_.has_value()) {
       m.set_resumed_step(counters_->resumed_step);
+      m.set_checkpoint_step(counters_->checkpoint_step);
       FillStageMetrics(*counters_, stage_, rank_, m.mutable_stage());
     } else {
       m.mutable_stage()->set_stage(stage_);
@@ -288,6 +290,8 @@ absl::Status RunStageOrThrow(const AssignStage& a, const std::string& label,
   m.set_job_id(a.job_id());
   *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   m.set_step(r.steps);
+  m.set_resumed_step(r.resumed_step);
+  m.set_checkpoint_step(r.checkpoint_step);
   m.set_total_steps(progress.last().total_steps > 0
                         ? progress.last().total_steps
                         : r.steps);
