@@ -155,6 +155,59 @@ class WorkerHostTest(unittest.TestCase):
             c.close()
 
 
+def children_with(daemon_pid, flag):
+    """Child processes of the daemon whose command line has `flag`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if flag in cmdline and ppid == daemon_pid:
+            found.append(int(entry))
+    return found
+
+
+class ProfilingCrashTest(unittest.TestCase):
+    def test_a_profiling_process_killed_fails_the_job_not_the_daemon(self):
+        # Model code never runs in the daemon: the model is built and timed in
+        # a child. SIGKILL it (what the OOM killer sends) while it profiles.
+        c = Cluster(workers=1)
+        try:
+            s = spec(steps=50, workers=1)
+            # Wide layers, so that profiling lasts long enough to be caught.
+            s.model.builtin.hyper_parameters["hidden"].i = 4096
+            s.model.builtin.hyper_parameters["layers"].i = 6
+            daemon = c.workers["w-1"].proc.pid
+            job_id = c.submit(s)
+            children = t.wait_until(lambda: children_with(daemon, "--run_profile"), 120,
+                                    "the profiling process", interval=0.01)
+            self.assertFalse(children_with(daemon, "--run_assignment"))
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=120)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_FAILED)
+            self.assertRegex(job.error, r"^worker w-1: profiling " + re.escape(job_id) +
+                             r": the profiling process was killed by signal 9 \(SIGKILL\)")
+            # The daemon lives on, registered once and idle, and trains the
+            # next job.
+            self.assertIsNone(c.workers["w-1"].proc.poll())
+            self.assertEqual(c.worker_states(), {"w-1": worker_pb2.WORKER_STATE_IDLE})
+            second = c.submit(spec(steps=30, workers=1))
+            job = c.watch_until(second, lambda m: m.job.state in ENDED, timeout=300)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            self.assertEqual(c.workers["w-1"].proc.pid, daemon)
+            t.wait_until(lambda: not children_with(daemon, "--run_"), 30,
+                         "child processes to end")
+        finally:
+            c.close()
+
+
 class ConcurrentJobsTest(unittest.TestCase):
     def test_two_jobs_run_at_once_on_disjoint_workers(self):
         c = Cluster(workers=4)

@@ -11,6 +11,8 @@
 //   (internal) --run_assignment=FILE
 //       one stage process, of the daemon or of --local (see
 //       worker/daemon/stage_process.h).
+//   (internal) --run_profile=FILE
+//       the daemon's profiling process (stage_process.h).
 //
 // Exit codes: 0 success; 1 training failed (a stage reported an error);
 // 2 bad usage or invalid spec; 3 internal error.
@@ -80,6 +82,9 @@ ABSL_FLAG(std::string, labels, "",
 ABSL_FLAG(std::string, run_assignment, "",
           "internal: train the serialized AssignStage in this file (the "
           "daemon's stage process)");
+ABSL_FLAG(std::string, run_profile, "",
+          "internal: profile the model of the serialized ProfileCommand in "
+          "this file (the daemon's profiling process)");
 
 namespace {
 
@@ -246,6 +251,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_run_assignment).empty()) {
     return apapo::worker::RunAssignmentChildMain(
         absl::GetFlag(FLAGS_run_assignment));
+  }
+  if (!absl::GetFlag(FLAGS_run_profile).empty()) {
+    return apapo::worker::RunProfileChildMain(absl::GetFlag(FLAGS_run_profile));
   }
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
     int threads = absl::GetFlag(FLAGS_threads);

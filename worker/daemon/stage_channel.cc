@@ -57,7 +57,7 @@ bool FrameReader::Next(FrameType* type, std::string* payload,
   const uint8_t t = static_cast<uint8_t>(buffer_[0]);
   const uint32_t length = GetU32(&buffer_[1]);
   if (t < static_cast<uint8_t>(FrameType::kMetrics) ||
-      t > static_cast<uint8_t>(FrameType::kStatus) ||
+      t > static_cast<uint8_t>(FrameType::kProfile) ||
       length > kMaxFramePayload) {
     *error = absl::DataLossError(absl::StrCat(
         "corrupt frame from the stage process (type ", t, ", length ", length,

@@ -24,7 +24,8 @@
 
 namespace apapo::worker {
 
-enum class FrameType : uint8_t { kMetrics = 1, kFinal = 2, kStatus = 3 };
+// kProfile: a serialized ProfileResult (a profiling child's one result).
+enum class FrameType : uint8_t { kMetrics = 1, kFinal = 2, kStatus = 3, kProfile = 4 };
 
 // Largest payload accepted; a longer length means a corrupt stream.
 inline constexpr uint32_t kMaxFramePayload = 64 << 20;

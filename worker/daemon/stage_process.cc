@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_channel.h"
 #include "worker/stage_runner.h"
 #include "worker/transport.h"
@@ -53,9 +54,12 @@ absl::Status RunAssignment(const AssignStage& a,
   return RunStage(a, std::move(report), final_metrics);
 }
 
-int RunAssignmentChildMain(const std::string& path) {
-  // Frames go to the original stdout; anything else printed to stdout
-  // (library chatter) would corrupt them, so stdout becomes stderr.
+namespace {
+
+// A child mode's frames go to the original stdout; anything else printed to
+// stdout (library chatter) would corrupt them, so stdout becomes stderr.
+// Returns the frames' descriptor (ends the process if it cannot).
+int TakeFrameOutput() {
   const int out_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
   if (out_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
     std::fprintf(stderr, "apapo-worker: cannot set up the daemon pipe: %s\n",
@@ -63,35 +67,44 @@ int RunAssignmentChildMain(const std::string& path) {
     std::fflush(stderr);
     _exit(2);
   }
-  FrameWriter writer(out_fd);
-  auto finish = [&](const absl::Status& s, int code) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "apapo-worker stage process: %s\n",
-                   s.ToString().c_str());
-    }
-    (void)writer.Write(FrameType::kStatus, EncodeStatus(s));
-    std::fflush(stderr);
-    // No unwinding: c10d's teardown can block on peers that are gone.
-    _exit(code);
-    return code;
-  };
+  return out_fd;
+}
 
+// Writes `s` as the status frame and ends the process with `code`, without
+// unwinding: c10d's teardown can block on peers that are gone.
+int Finish(FrameWriter& writer, const char* what, const absl::Status& s, int code) {
+  if (!s.ok()) std::fprintf(stderr, "apapo-worker %s: %s\n", what, s.ToString().c_str());
+  (void)writer.Write(FrameType::kStatus, EncodeStatus(s));
+  std::fflush(stderr);
+  _exit(code);
+  return code;
+}
+
+// Parses the serialized message in `path` (the daemon's memfd).
+bool ReadMessage(const std::string& path, google::protobuf::Message* m) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return in && m->ParseFromString(ss.str());
+}
+
+int ThreadsOf(const apapo::v1::JobSpec& spec) {
+  return spec.resources().threads_per_worker() > 0 ? spec.resources().threads_per_worker()
+                                                   : 1;
+}
+
+}  // namespace
+
+int RunAssignmentChildMain(const std::string& path) {
+  FrameWriter writer(TakeFrameOutput());
   AssignStage a;
-  {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in || !a.ParseFromString(ss.str())) {
-      return finish(absl::InvalidArgumentError(absl::StrCat(
-                        "cannot read a serialized AssignStage from '", path,
-                        "'")),
-                    2);
-    }
+  if (!ReadMessage(path, &a)) {
+    return Finish(writer, "stage process",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "cannot read a serialized AssignStage from '", path, "'")),
+                  2);
   }
-  const int threads = a.spec().resources().threads_per_worker() > 0
-                          ? a.spec().resources().threads_per_worker()
-                          : 1;
-  BoundComputeThreads(threads);
+  BoundComputeThreads(ThreadsOf(a.spec()));
   MetricsReport final_metrics;
   absl::Status status = RunAssignment(
       a,
@@ -103,7 +116,27 @@ int RunAssignmentChildMain(const std::string& path) {
   if (status.ok()) {
     (void)writer.Write(FrameType::kFinal, final_metrics.SerializeAsString());
   }
-  return finish(status, status.ok() ? 0 : 1);
+  return Finish(writer, "stage process", status, status.ok() ? 0 : 1);
+}
+
+int RunProfileChildMain(const std::string& path) {
+  FrameWriter writer(TakeFrameOutput());
+  apapo::v1::ProfileCommand command;
+  if (!ReadMessage(path, &command)) {
+    return Finish(writer, "profiling process",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "cannot read a serialized ProfileCommand from '", path, "'")),
+                  2);
+  }
+  const int threads = ThreadsOf(command.spec());
+  BoundComputeThreads(threads);
+  ProfileOptions o;
+  o.threads = threads;
+  absl::StatusOr<apapo::v1::ProfileResult> result = ProfileJob(command, o);
+  if (result.ok()) {
+    (void)writer.Write(FrameType::kProfile, result->SerializeAsString());
+  }
+  return Finish(writer, "profiling process", result.status(), result.ok() ? 0 : 1);
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> StartJobStore() {

@@ -52,6 +52,15 @@ absl::Status RunAssignment(
 // running c10d's teardown; the int is only there for `return` in main.
 int RunAssignmentChildMain(const std::string& path);
 
+// The hidden profiling mode of the worker binary (model code never runs in
+// the daemon: a crash or an OOM while profiling ends this child, not the
+// daemon). `path` holds a serialized ProfileCommand whose spec already
+// carries the memory to report. Bounds the compute threads as
+// RunAssignmentChildMain does, runs ProfileJob (profiler.h) and writes the
+// ProfileResult (FrameType::kProfile) and the status as frames to the
+// original stdout; exit codes as RunAssignmentChildMain's.
+int RunProfileChildMain(const std::string& path);
+
 // A job's rendezvous TCPStore, served by this process on a free port.
 // Destroying it stops the server.
 class JobStore {

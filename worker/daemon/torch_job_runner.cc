@@ -17,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/daemon/link_profiler.h"
-#include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_channel.h"
 
 extern char** environ;
@@ -132,14 +131,29 @@ absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
     links = *std::move(measured);
   }
 
-  ProfileOptions o;
-  o.threads = ThreadsFor(command.spec());
-  o.memory_bytes = options_.memory_bytes;
-  o.cancelled = [stop] { return stop->HasBeenNotified(); };
-  absl::StatusOr<apapo::v1::ProfileResult> result = ProfileJob(command, o);
-  if (result.ok()) {
-    for (auto& link : links) *result->add_links() = std::move(link);
+  // The model is built and timed in a child process: model code never runs
+  // in the daemon (a crash or an OOM there ends the child, not us).
+  const std::string label = absl::StrCat("profiling ", job);
+  if (options_.exe.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(label, ": no worker binary to profile with"));
   }
+  if (stop->HasBeenNotified()) return absl::CancelledError("profiling stopped");
+  apapo::v1::ProfileCommand child_command = command;
+  auto* resources = child_command.mutable_spec()->mutable_resources();
+  if (resources->memory_per_worker_bytes() <= 0 && options_.memory_bytes > 0) {
+    resources->set_memory_per_worker_bytes(options_.memory_bytes);
+  }
+  apapo::v1::ProfileResult result;
+  ChildOutput out;
+  out.profile = &result;
+  absl::Status st = RunChild(job, label, "--run_profile", child_command.SerializeAsString(),
+                             ThreadsFor(command.spec()), out);
+  if (st.code() == absl::StatusCode::kCancelled) {
+    return absl::CancelledError("profiling stopped");
+  }
+  if (!st.ok()) return st;
+  for (auto& link : links) *result.add_links() = std::move(link);
   return result;
 }
 
@@ -237,33 +251,47 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
     return absl::FailedPreconditionError(
         absl::StrCat(label, ": no worker binary to run the stage with"));
   }
+  // The child's transport binds to this worker's address.
+  apapo::v1::AssignStage local = assignment;
+  if (local.rendezvous().local_host().empty()) {
+    local.mutable_rendezvous()->set_local_host(options_.host);
+  }
+  ChildOutput out;
+  out.report = &report;
+  out.final_metrics = final_metrics;
+  absl::Status status = RunChild(job, label, "--run_assignment", local.SerializeAsString(),
+                                 ThreadsFor(assignment.spec()), out);
+  if (status.code() == absl::StatusCode::kCancelled) {
+    return absl::CancelledError(stopped_message);
+  }
+  return status;
+}
+
+absl::Status TorchJobRunner::RunChild(const std::string& job, const std::string& label,
+                                      const std::string& flag, const std::string& payload,
+                                      int threads, const ChildOutput& out) {
   // Everything the child needs is prepared before fork: after it, the child
   // may only make async-signal-safe calls.
-  int assignment_fd = ::memfd_create("apapo-assignment", MFD_CLOEXEC);
+  int assignment_fd = ::memfd_create("apapo-child-input", MFD_CLOEXEC);
   if (assignment_fd < 0) {
     return absl::InternalError(
         absl::StrCat(label, ": ", ErrnoMessage("memfd_create")));
   }
   {
-    // The child's transport binds to this worker's address.
-    apapo::v1::AssignStage local = assignment;
-    if (local.rendezvous().local_host().empty()) {
-      local.mutable_rendezvous()->set_local_host(options_.host);
-    }
-    const std::string bytes = local.SerializeAsString();
     size_t done = 0;
-    while (done < bytes.size()) {
+    while (done < payload.size()) {
       const ssize_t n =
-          ::write(assignment_fd, bytes.data() + done, bytes.size() - done);
+          ::write(assignment_fd, payload.data() + done, payload.size() - done);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
-        const std::string error = ErrnoMessage("writing the assignment");
+        const std::string error = ErrnoMessage("writing the child's input");
         CloseFd(assignment_fd);
         return absl::InternalError(absl::StrCat(label, ": ", error));
       }
       done += static_cast<size_t>(n);
     }
   }
+
   int data[2] = {-1, -1};
   int wake[2] = {-1, -1};
   if (::pipe2(data, O_CLOEXEC) != 0 ||
@@ -276,8 +304,8 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
   }
   std::vector<std::string> args = {
       options_.exe,
-      absl::StrCat("--run_assignment=/proc/self/fd/", assignment_fd)};
-  std::vector<std::string> env = ChildEnvironment(ThreadsFor(assignment.spec()));
+      absl::StrCat(flag, "=/proc/self/fd/", assignment_fd)};
+  std::vector<std::string> env = ChildEnvironment(threads);
   std::vector<char*> argv = Pointers(args);
   std::vector<char*> envp = Pointers(env);
   sigset_t no_signals;
@@ -296,7 +324,7 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
       CloseFd(data[1]);
       CloseFd(wake[0]);
       CloseFd(wake[1]);
-      return absl::CancelledError(stopped_message);
+      return absl::CancelledError("stopped");
     }
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -328,26 +356,22 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
   }
   CloseFd(assignment_fd);
   CloseFd(data[1]);
-  absl::Status status = Supervise(assignment, label, &child, data[0], wake[0],
-                                  report, final_metrics);
+  absl::Status status = Supervise(job, label, flag, &child, data[0], wake[0], out);
   CloseFd(data[0]);
   CloseFd(wake[0]);
   CloseFd(wake[1]);
-  if (status.code() == absl::StatusCode::kCancelled) {
-    return absl::CancelledError(stopped_message);
-  }
   return status;
 }
 
-absl::Status TorchJobRunner::Supervise(
-    const apapo::v1::AssignStage& assignment, const std::string& label,
-    Child* child, int data_fd, int wake_fd, const MetricsCallback& report,
-    apapo::v1::MetricsReport* final_metrics) {
+absl::Status TorchJobRunner::Supervise(const std::string& job, const std::string& label,
+                                       const std::string& flag, Child* child, int data_fd,
+                                       int wake_fd, const ChildOutput& out) {
   FrameReader reader;
   absl::Status stream_error;
   absl::Status child_status;
   bool have_status = false;
   bool killed = false;
+  bool have_profile = false;
   std::vector<char> buffer(1 << 16);
   for (;;) {
     int timeout_ms = -1;
@@ -392,11 +416,16 @@ absl::Status TorchJobRunner::Supervise(
       switch (type) {
         case FrameType::kMetrics: {
           apapo::v1::MetricsReport m;
-          if (m.ParseFromString(payload) && report) report(m);
+          if (m.ParseFromString(payload) && out.report != nullptr && *out.report) {
+            (*out.report)(m);
+          }
           break;
         }
         case FrameType::kFinal:
-          if (final_metrics != nullptr) final_metrics->ParseFromString(payload);
+          if (out.final_metrics != nullptr) out.final_metrics->ParseFromString(payload);
+          break;
+        case FrameType::kProfile:
+          if (out.profile != nullptr) have_profile = out.profile->ParseFromString(payload);
           break;
         case FrameType::kStatus:
           child_status = DecodeStatus(payload);
@@ -415,7 +444,7 @@ absl::Status TorchJobRunner::Supervise(
   {
     absl::MutexLock lock(&mu_);
     stopped = child->stop_requested;
-    children_.erase(assignment.job_id());
+    children_.erase(job);
   }
   int wstatus = 0;
   pid_t waited;
@@ -428,7 +457,7 @@ absl::Status TorchJobRunner::Supervise(
   // stop raced its end. (waitpid fails with ECHILD if the process ignores
   // SIGCHLD; the reported status decides then.)
   if (have_status && child_status.ok() && stream_error.ok() &&
-      (clean_exit || waited != child->pid)) {
+      (clean_exit || waited != child->pid) && (out.profile == nullptr || have_profile)) {
     return absl::OkStatus();
   }
   if (stopped) return absl::CancelledError("stopped");
@@ -445,18 +474,18 @@ absl::Status TorchJobRunner::Supervise(
     return absl::InternalError(absl::StrCat(
         label, ": lost track of the stage process: ", ErrnoMessage("waitpid")));
   }
+  const char* what = out.profile != nullptr ? "profiling process" : "stage process";
   if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 127) {
-    return absl::InternalError(absl::StrCat(
-        label, ": cannot run the stage process '", options_.exe,
-        "' (exit code 127)"));
+    return absl::InternalError(absl::StrCat(label, ": cannot run the ", what, " '",
+                                            options_.exe, "' (exit code 127)"));
   }
   if (clean_exit) {
     return absl::InternalError(absl::StrCat(
-        label, ": the stage process exited without reporting an outcome (does '",
-        options_.exe, "' handle --run_assignment?)"));
+        label, ": the ", what, " exited without reporting ",
+        out.profile != nullptr ? "a profile" : "an outcome", " (does '", options_.exe,
+        "' handle ", flag, "?)"));
   }
-  return absl::InternalError(absl::StrCat(label, ": the stage process ",
-                                          ExitCause(wstatus),
+  return absl::InternalError(absl::StrCat(label, ": the ", what, " ", ExitCause(wstatus),
                                           " without reporting a cause"));
 }
 

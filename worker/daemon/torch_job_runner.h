@@ -1,13 +1,17 @@
 // TorchJobRunner: the LibTorch JobRunner of the worker daemon.
 //
-//   Profile         in-process, on the calling thread: first the link test
-//                   when the command carries a rendezvous of several ranks
-//                   (MeasureLinks, bound to `host`), then the model
-//                   (ProfileJob) with the training child's thread count; Stop
-//                   makes it return CANCELLED while it waits for peers or at
-//                   the next node boundary. On the rank that hosts the
-//                   rendezvous, the link test's store is released when the
-//                   test ends.
+//   Profile         on the calling thread: first the link test when the
+//                   command carries a rendezvous of several ranks
+//                   (MeasureLinks, bound to `host`, in this process: no
+//                   model code), then the model (ProfileJob) in a child
+//                   process, `exe --run_profile=/proc/self/fd/N`
+//                   (RunProfileChildMain), with the training child's thread
+//                   count and environment, so that a crash or an OOM while
+//                   building or timing the model cannot take the daemon
+//                   down. Stop makes it return CANCELLED while it waits for
+//                   peers, or signals the child as for Train. On the rank
+//                   that hosts the rendezvous, the link test's store is
+//                   released when the test ends.
 //   HostRendezvous  serves the job's c10d TCPStore on a free port from this
 //                   process until the job's link test (rank 0 of a profile
 //                   rendezvous) or Train returns, or Stop when neither runs.
@@ -88,11 +92,24 @@ class TorchJobRunner : public JobRunner {
     absl::Time kill_at = absl::InfiniteFuture();
   };
 
+  // Where a child's frames go (null: dropped). A child with `profile` set
+  // must send one ProfileResult to succeed.
+  struct ChildOutput {
+    const MetricsCallback* report = nullptr;
+    apapo::v1::MetricsReport* final_metrics = nullptr;
+    apapo::v1::ProfileResult* profile = nullptr;
+  };
+  // Runs `exe FLAG=/proc/self/fd/N` (N: a memfd holding `payload`) as the
+  // job's child, with `threads` compute threads, and supervises it (Stop
+  // signals it); CANCELLED "stopped" when stopped. Errors start with
+  // `label`.
+  absl::Status RunChild(const std::string& job, const std::string& label,
+                        const std::string& flag, const std::string& payload, int threads,
+                        const ChildOutput& out);
   // Waits for the child, forwarding its frames; returns its outcome.
-  absl::Status Supervise(const apapo::v1::AssignStage& assignment,
-                         const std::string& label, Child* child, int data_fd,
-                         int wake_fd, const MetricsCallback& report,
-                         apapo::v1::MetricsReport* final_metrics);
+  absl::Status Supervise(const std::string& job, const std::string& label,
+                         const std::string& flag, Child* child, int data_fd, int wake_fd,
+                         const ChildOutput& out);
   // True (and forgets it) if Stop(job_id) came recently with nothing running.
   bool TakeEarlyStop(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,6 +4,9 @@
 
 #include "worker/daemon/torch_job_runner.h"
 
+#include <sys/stat.h>
+
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,15 +134,69 @@ TEST(TorchJobRunnerTest, ChildThatDiesWithoutAStatusIsNamed) {
   EXPECT_THAT(s.message(), HasSubstr("cannot run the stage process"));
 }
 
-TEST(TorchJobRunnerTest, ProfileRunsInProcess) {
-  TorchJobRunner runner(kSelf);
+apapo::v1::ProfileCommand ModelProfile(const std::string& job) {
   apapo::v1::ProfileCommand c;
-  c.set_job_id("job-p");
+  c.set_job_id(job);
   c.set_iterations(1);
   *c.mutable_spec() = TinyMlpSpec(1);
-  auto result = runner.Profile(c);
+  return c;
+}
+
+TEST(TorchJobRunnerTest, ProfileTimesTheModelInAChildProcess) {
+  TorchJobRunnerOptions options{kSelf};
+  options.memory_bytes = 123 << 20;  // what the daemon was told it has
+  TorchJobRunner runner(options);
+  auto result = runner.Profile(ModelProfile("job-p"));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->profile().nodes_size(), 7);
+  // The child reports the daemon's memory, not its own reading.
+  EXPECT_EQ(result->resources().memory_bytes(), 123 << 20);
+}
+
+// A profiling process that dies (a LibTorch crash, the OOM killer) fails
+// the profile naming the cause; the daemon's process goes on.
+TEST(TorchJobRunnerTest, AProfilingProcessThatDiesFailsTheProfileNotTheDaemon) {
+  const std::string script = ::testing::TempDir() + "/apapo_crashing_worker.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nkill -SEGV $$\n";
+  }
+  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
+  TorchJobRunner crashing(script);
+  auto result = crashing.Profile(ModelProfile("job-c"));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("profiling job-c: the profiling process was killed by signal 11"));
+
+  TorchJobRunner quitting("/bin/true");
+  result = quitting.Profile(ModelProfile("job-t"));
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("the profiling process exited without reporting a profile"));
+}
+
+TEST(TorchJobRunnerTest, StopEndsARunningProfilingProcess) {
+  // A child that would profile for ever: only the stop ends it.
+  const std::string script = ::testing::TempDir() + "/apapo_slow_worker.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nexec sleep 600\n";
+  }
+  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
+  TorchJobRunner runner(script);
+  absl::StatusOr<apapo::v1::ProfileResult> result;
+  absl::Notification returned;
+  std::thread profile([&] {
+    result = runner.Profile(ModelProfile("job-z"));
+    returned.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (!returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)) &&
+         absl::Now() < deadline) {
+    runner.Stop("job-z");
+  }
+  profile.join();
+  EXPECT_LT(absl::Now(), deadline);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
 }
 
 apapo::v1::ProfileCommand LinkProfile(const std::string& job, int port,
@@ -221,6 +278,9 @@ int main(int argc, char** argv) {
     absl::string_view arg = argv[i];
     if (absl::ConsumePrefix(&arg, "--run_assignment=")) {
       return apapo::worker::RunAssignmentChildMain(std::string(arg));
+    }
+    if (absl::ConsumePrefix(&arg, "--run_profile=")) {
+      return apapo::worker::RunProfileChildMain(std::string(arg));
     }
   }
   ::testing::InitGoogleTest(&argc, argv);
