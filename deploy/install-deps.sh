@@ -15,6 +15,8 @@ PACKAGES=(
   python3-yaml
   # the emulated cluster (deploy/cluster-lab.sh), certificates (deploy/pki.sh)
   iproute2 openssl
+  # the container image (deploy/image/build.sh, tests/test_image.py)
+  podman debootstrap
 
 )
 

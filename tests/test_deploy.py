@@ -78,6 +78,26 @@ class DeployTest(unittest.TestCase):
                     self.assertTrue(sc.get("readOnlyRootFilesystem"), c["name"])
                     self.assertEqual(sc.get("capabilities", {}).get("drop"), ["ALL"])
 
+    def test_kubernetes_manifests_pin_the_image_build_sh_makes(self):
+        # Not :latest: the tag deploy/image/build.sh gives, run as the user
+        # its Containerfile sets (tests/test_image.py builds and runs it).
+        tag = subprocess.run(["bash", os.path.join(DEPLOY, "image", "build.sh"), "--print-tag"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        self.assertRegex(tag, r"^localhost/apapo:\d+\.\d+\.\d+$")
+        with open(os.path.join(DEPLOY, "image", "Containerfile")) as f:
+            user = re.search(r"^USER (\d+):(\d+)$", f.read(), re.M)
+        uid, gid = int(user.group(1)), int(user.group(2))
+        self.assertNotEqual(uid, 0)
+        with open(os.path.join(DEPLOY, "kubernetes", "apapo.yaml")) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        containers = [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                      for c in d["spec"]["template"]["spec"]["containers"]]
+        self.assertEqual(len(containers), 2)
+        for c in containers:
+            self.assertEqual(c["image"], tag, c["name"])
+            self.assertEqual(c["securityContext"]["runAsUser"], uid, c["name"])
+            self.assertEqual(c["securityContext"]["runAsGroup"], gid, c["name"])
+
     def test_systemd_units_use_real_flags(self):
         for unit in ("apapo-coordinator.service", "apapo-worker@.service"):
             with open(os.path.join(DEPLOY, "systemd", unit)) as f:
