@@ -115,6 +115,8 @@ absl::Status Coordinator::StartServing() {
   scheduler_->AdoptRunningJobs();
   jobs_->SetCancelHook(
       [this](const apapo::v1::Job& job) { scheduler_->OnCancelled(job); });
+  jobs_->SetEndHook(
+      [this](const apapo::v1::Job& job) { metrics_->OnJobFinished(job.state()); });
   registry_->SetLostHook([this](const std::string& worker,
                                 const std::string& job,
                                 const std::string& reason) {

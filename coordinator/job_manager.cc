@@ -230,7 +230,7 @@ absl::StatusOr<apapo::v1::ListJobsResponse> JobManager::List(
 absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id,
                                        const std::string& reason) {
   Job job;
-  std::function<void(const Job&)> hook;
+  std::function<void(const Job&)> hook, ended;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Entry*> entry = Find(job_id);
@@ -247,7 +247,9 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id,
     if (!s.ok()) return s;
     job = (*entry)->job;
     hook = cancel_hook_;
+    ended = end_hook_;
   }
+  if (ended) ended(job);
   if (hook) hook(job);
   return job;
 }
@@ -292,10 +294,20 @@ absl::StatusOr<JobChange> JobManager::WaitForChange(const std::string& job_id,
 absl::Status JobManager::Transition(const std::string& job_id, JobState state,
                                     const std::string& message,
                                     absl::StatusCode error_code) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> entry = Find(job_id);
-  if (!entry.ok()) return entry.status();
-  return TransitionLocked(**entry, state, message, error_code);
+  Job job;
+  std::function<void(const Job&)> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Entry*> entry = Find(job_id);
+    if (!entry.ok()) return entry.status();
+    absl::Status s = TransitionLocked(**entry, state, message, error_code);
+    if (!s.ok()) return s;
+    if (!IsTerminal(state) || !end_hook_) return absl::OkStatus();
+    job = (*entry)->job;
+    ended = end_hook_;
+  }
+  ended(job);
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::RecordEvent(const std::string& job_id,
@@ -391,6 +403,11 @@ std::map<JobState, int> JobManager::CountByState() {
 void JobManager::SetCancelHook(std::function<void(const Job&)> hook) {
   absl::MutexLock lock(&mu_);
   cancel_hook_ = std::move(hook);
+}
+
+void JobManager::SetEndHook(std::function<void(const Job&)> hook) {
+  absl::MutexLock lock(&mu_);
+  end_hook_ = std::move(hook);
 }
 
 absl::StatusOr<JobManager::Entry*> JobManager::Find(const std::string& job_id) {

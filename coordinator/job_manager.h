@@ -134,6 +134,11 @@ class JobManager {
 
   // Called (outside the lock) after a job is cancelled.
   void SetCancelHook(std::function<void(const apapo::v1::Job&)> hook);
+  // Called (outside the lock) after any job reaches a final state
+  // (succeeded, failed, cancelled) through Cancel or Transition: what the
+  // jobs-finished counter counts. Jobs that Recover fails at startup are not
+  // reported (it runs before hooks are set).
+  void SetEndHook(std::function<void(const apapo::v1::Job&)> hook);
 
  private:
   struct Entry {
@@ -168,6 +173,7 @@ class JobManager {
   // Per-job change counters; watchers wait on them.
   std::map<std::string, int64_t> job_version_ ABSL_GUARDED_BY(mu_);
   std::function<void(const apapo::v1::Job&)> cancel_hook_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const apapo::v1::Job&)> end_hook_ ABSL_GUARDED_BY(mu_);
   // Jobs whose progress changed since the last batch was written.
   std::set<std::string> dirty_progress_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -107,6 +107,31 @@ TEST_F(JobManagerTest, CancelRunsHookOnceAndRefusesEndedJobs) {
   EXPECT_EQ(hooked.size(), 1u);
 }
 
+TEST_F(JobManagerTest, TheEndHookSeesEveryFinalStateOnce) {
+  std::vector<std::pair<std::string, apapo::v1::JobState>> ended;
+  jobs_.SetEndHook([&](const apapo::v1::Job& j) { ended.push_back({j.id(), j.state()}); });
+  const std::string queued = jobs_.Submit(ValidSpec())->id();
+  const std::string failed = jobs_.Submit(ValidSpec())->id();
+  const std::string done = jobs_.Submit(ValidSpec())->id();
+  ASSERT_TRUE(jobs_.Cancel(queued, "").ok());
+  ASSERT_TRUE(jobs_.Transition(failed, apapo::v1::JOB_STATE_PROFILING, "p").ok());
+  EXPECT_EQ(ended.size(), 1u);  // not a final state
+  ASSERT_TRUE(jobs_.Transition(failed, apapo::v1::JOB_STATE_FAILED, "lost",
+                               absl::StatusCode::kUnavailable)
+                  .ok());
+  for (auto state : {apapo::v1::JOB_STATE_PROFILING, apapo::v1::JOB_STATE_PLANNING,
+                     apapo::v1::JOB_STATE_RUNNING, apapo::v1::JOB_STATE_SUCCEEDED}) {
+    ASSERT_TRUE(jobs_.Transition(done, state, "").ok());
+  }
+  // Refused transitions of ended jobs report nothing.
+  EXPECT_FALSE(jobs_.Transition(failed, apapo::v1::JOB_STATE_SUCCEEDED, "").ok());
+  EXPECT_FALSE(jobs_.Cancel(done, "").ok());
+  EXPECT_THAT(ended, ::testing::ElementsAre(
+                         std::pair{queued, apapo::v1::JOB_STATE_CANCELLED},
+                         std::pair{failed, apapo::v1::JOB_STATE_FAILED},
+                         std::pair{done, apapo::v1::JOB_STATE_SUCCEEDED}));
+}
+
 TEST_F(JobManagerTest, TransitionsFollowTheLifecycle) {
   auto job = jobs_.Submit(ValidSpec());
   const std::string id = job->id();

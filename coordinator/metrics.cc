@@ -84,6 +84,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
                      .Name("apapo_jobs_submitted_total")
                      .Help("Jobs accepted by SubmitJob.")
                      .Register(*registry)),
+      finished_(prometheus::BuildCounter()
+                    .Name("apapo_jobs_finished_total")
+                    .Help("Jobs that reached a final state, by state (succeeded, "
+                          "failed, cancelled).")
+                    .Register(*registry)),
       registrations_(prometheus::BuildCounter()
                          .Name("apapo_worker_registrations_total")
                          .Help("Worker registrations, reconnects included.")
@@ -141,6 +146,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
   // Unlabelled counters exist from the start at 0, so rate() and increase()
   // see their first event (a counter that appears at 1 has no increase).
   submitted_.Add({});
+  for (apapo::v1::JobState state :
+       {apapo::v1::JOB_STATE_SUCCEEDED, apapo::v1::JOB_STATE_FAILED,
+        apapo::v1::JOB_STATE_CANCELLED}) {
+    finished_.Add({{"state", Lower(apapo::v1::JobState_Name(state), "JOB_STATE_")}});
+  }
   registrations_.Add({});
   lost_.Add({});
 }
@@ -151,6 +161,11 @@ std::shared_ptr<prometheus::Collectable> CoordinatorMetrics::state_collectable()
 }
 
 void CoordinatorMetrics::OnJobSubmitted() { submitted_.Add({}).Increment(); }
+
+void CoordinatorMetrics::OnJobFinished(apapo::v1::JobState state) {
+  finished_.Add({{"state", Lower(apapo::v1::JobState_Name(state), "JOB_STATE_")}})
+      .Increment();
+}
 
 void CoordinatorMetrics::OnWorkerRegistered(const std::string&) {
   registrations_.Add({}).Increment();
@@ -167,7 +182,7 @@ CoordinatorMetrics::StageSeries& CoordinatorMetrics::SeriesLocked(
   StageSeries& s = it->second;
   if (!inserted) return s;
   std::map<std::string, std::string> labels{
-      {"job", job_id}, {"stage", absl::StrCat(stage)}, {"worker", worker}};
+      {"job_id", job_id}, {"stage", absl::StrCat(stage)}, {"worker", worker}};
   auto with_activity = [&](const char* activity) {
     auto l = labels;
     l["activity"] = activity;
@@ -197,11 +212,11 @@ void CoordinatorMetrics::OnMetrics(const std::string& job_id,
   s.staleness->Set(m.max_staleness());
   for (double d : m.step_seconds()) s.step_seconds->Observe(d);
   if (report.has_loss()) {
-    if (job.loss == nullptr) job.loss = &loss_.Add({{"job", job_id}});
+    if (job.loss == nullptr) job.loss = &loss_.Add({{"job_id", job_id}});
     job.loss->Set(report.loss());
   }
   if (report.has_test_accuracy()) {
-    if (job.accuracy == nullptr) job.accuracy = &accuracy_.Add({{"job", job_id}});
+    if (job.accuracy == nullptr) job.accuracy = &accuracy_.Add({{"job_id", job_id}});
     job.accuracy->Set(report.test_accuracy());
   }
   // Workers report running totals: add what grew since the last report.

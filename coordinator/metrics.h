@@ -57,6 +57,8 @@ class CoordinatorMetrics : public SchedulerObserver {
   void OnWorkerRegistered(const std::string& worker_id);
   void OnWorkerLost(const std::string& worker_id);
   void OnJobSubmitted();
+  // A job reached a final state (JobManager's end hook).
+  void OnJobFinished(apapo::v1::JobState state);
 
  private:
   class StateCollector;
@@ -92,6 +94,7 @@ class CoordinatorMetrics : public SchedulerObserver {
 
   std::shared_ptr<StateCollector> state_;
   prometheus::Family<prometheus::Counter>& submitted_;
+  prometheus::Family<prometheus::Counter>& finished_;
   prometheus::Family<prometheus::Counter>& registrations_;
   prometheus::Family<prometheus::Counter>& lost_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "coordinator/fake_clock.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -71,14 +72,14 @@ TEST_F(MetricsTest, ReportsBecomeCountersByIncreaseGaugesAndHistograms) {
   r.mutable_stage()->clear_step_seconds();
   metrics_.OnMetrics("job-000001", r);
   std::string text = Scrape();
-  const std::string l = "job=\"job-000001\",stage=\"1\",worker=\"w-2\"";
+  const std::string l = "job_id=\"job-000001\",stage=\"1\",worker=\"w-2\"";
   EXPECT_THAT(text, HasSubstr("apapo_stage_samples_total{" + l + "} 1500"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_sent_bytes_total{" + l + "} 8192"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_time_seconds_total{activity=\"busy\"," + l + "} 4"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_samples_per_second{" + l + "} 250"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_step_seconds_count{" + l + "} 2"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_step_seconds_bucket{" + l + ",le=\"0.025\"} 1"));
-  EXPECT_THAT(text, HasSubstr("apapo_job_loss{job=\"job-000001\"} 0.5"));
+  EXPECT_THAT(text, HasSubstr("apapo_job_loss{job_id=\"job-000001\"} 0.5"));
   EXPECT_THAT(text, Not(HasSubstr("apapo_job_test_accuracy_ratio{")));
 }
 
@@ -87,7 +88,14 @@ TEST_F(MetricsTest, EventCounters) {
   EXPECT_THAT(before, HasSubstr("apapo_jobs_submitted_total 0"));
   EXPECT_THAT(before, HasSubstr("apapo_worker_registrations_total 0"));
   EXPECT_THAT(before, HasSubstr("apapo_workers_lost_total 0"));
+  for (const char* state : {"succeeded", "failed", "cancelled"}) {
+    EXPECT_THAT(before, HasSubstr(absl::StrCat("apapo_jobs_finished_total{state=\"", state,
+                                               "\"} 0")));
+  }
   metrics_.OnJobSubmitted();
+  metrics_.OnJobFinished(apapo::v1::JOB_STATE_FAILED);
+  metrics_.OnJobFinished(apapo::v1::JOB_STATE_FAILED);
+  metrics_.OnJobFinished(apapo::v1::JOB_STATE_CANCELLED);
   metrics_.OnWorkerRegistered("a");
   metrics_.OnWorkerRegistered("a");
   metrics_.OnWorkerLost("a");
@@ -95,6 +103,9 @@ TEST_F(MetricsTest, EventCounters) {
   EXPECT_THAT(text, HasSubstr("apapo_jobs_submitted_total 1"));
   EXPECT_THAT(text, HasSubstr("apapo_worker_registrations_total 2"));
   EXPECT_THAT(text, HasSubstr("apapo_workers_lost_total 1"));
+  EXPECT_THAT(text, HasSubstr("apapo_jobs_finished_total{state=\"failed\"} 2"));
+  EXPECT_THAT(text, HasSubstr("apapo_jobs_finished_total{state=\"cancelled\"} 1"));
+  EXPECT_THAT(text, HasSubstr("apapo_jobs_finished_total{state=\"succeeded\"} 0"));
 }
 
 TEST_F(MetricsTest, AJobsSeriesGoAwayRetentionAfterItEnds) {
@@ -109,13 +120,13 @@ TEST_F(MetricsTest, AJobsSeriesGoAwayRetentionAfterItEnds) {
   metrics_.OnJobEnded("job-000001");
   clock_.Advance(absl::Minutes(4));
   metrics_.OnJobEnded("job-000002");
-  EXPECT_THAT(Scrape(), HasSubstr("apapo_job_loss{job=\"job-000001\"}"));
+  EXPECT_THAT(Scrape(), HasSubstr("apapo_job_loss{job_id=\"job-000001\"}"));
   clock_.Advance(absl::Minutes(2));  // job 1 ended 6 min ago, job 2 2 min ago
   metrics_.OnMetrics("job-000003", r);  // any event expires what is due
   std::string text = Scrape();
-  EXPECT_THAT(text, Not(HasSubstr("job=\"job-000001\"")));
-  EXPECT_THAT(text, HasSubstr("apapo_stage_samples_total{job=\"job-000002\""));
-  EXPECT_THAT(text, HasSubstr("apapo_job_loss{job=\"job-000003\"} 1.5"));
+  EXPECT_THAT(text, Not(HasSubstr("job_id=\"job-000001\"")));
+  EXPECT_THAT(text, HasSubstr("apapo_stage_samples_total{job_id=\"job-000002\""));
+  EXPECT_THAT(text, HasSubstr("apapo_job_loss{job_id=\"job-000003\"} 1.5"));
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ class EndToEndTest(unittest.TestCase):
             text = r.read().decode()
         for stage in plan.plan.stages:
             for rep in stage.placement:
-                labels = f'job="{job_id}",stage="{stage.index}",worker="{rep.worker_id}"'
+                labels = f'job_id="{job_id}",stage="{stage.index}",worker="{rep.worker_id}"'
                 busy = re.search(r'apapo_stage_time_seconds_total\{activity="busy",'
                                  + re.escape(labels) + r'\} ([0-9.e+-]+)', text)
                 steps = re.search(r'apapo_stage_step_seconds_count\{' + re.escape(labels)
