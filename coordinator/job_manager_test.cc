@@ -245,7 +245,9 @@ TEST_F(JobManagerTest, ProgressIsVisibleAtOnceAndSavedInOneTransactionPerBatch) 
   ASSERT_TRUE(jobs_.FlushProgress().ok());
   EXPECT_LE(store_.job_writes() - writes_before, 2);  // the writer may have
                                                       // taken one batch too
-  for (const auto& job : *store_.LoadJobs()) {
+  auto saved = store_.LoadJobs();  // kept: the loop must not outlive it
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  for (const auto& job : *saved) {
     EXPECT_EQ(job.progress().step(), 50) << job.id();
   }
   EXPECT_EQ(jobs_.UpdateProgress("job-999999", {}).code(),

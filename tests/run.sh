@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every APapo test: installs what is missing, builds everything, runs
-# the unit tests (bazel test //...), the multi-process tests under tests/ and
-# the bounded fuzzing run, then prints one line "N passed, N failed" counting
+# the unit tests (bazel test //...), the multi-process tests under tests/,
+# the LibTorch-free unit tests again under ASan + UBSan and the bounded
+# fuzzing runs, then prints one line "N passed, N failed" counting
 # test cases. Exit status 0 only if nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,9 @@ echo "== tests/ (multi-process, Python clients)"
 $PY tests/lib/run_python_tests.py "$OUT/python.json"
 
 extra+=("$OUT/python.json")
+echo "== LibTorch-free unit tests under ASan + UBSan (tests/sanitizers.sh)"
+bash tests/sanitizers.sh "$OUT/sanitizers.json" "${BAZEL_FLAGS[@]}"
+extra+=("$OUT/sanitizers.json")
 if [ -x partitioner/fuzz.sh ]; then
   echo "== fuzzing the profile parser (bounded)"
   if bash partitioner/fuzz.sh "${FUZZ_SECONDS:-30}"; then
