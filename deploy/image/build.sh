@@ -3,9 +3,10 @@
 # (no registry): localhost/apapo:VERSION, VERSION being deploy/image/VERSION
 # (the tag deploy/kubernetes/apapo.yaml pins).
 #
-#   deploy/image/build.sh                    # Bazel-builds inside the builder stage (15+ min cold)
+#   deploy/image/build.sh                    # Bazel-builds in the builder stage (~10 min cold, 2 cores)
 #   deploy/image/build.sh --prebuilt bazel-bin   # copies binaries built here (tests/test_image.py)
 #   deploy/image/build.sh --refresh          # no cached layers (today's security updates)
+#   deploy/image/build.sh --no-datasets      # without Fashion-MNIST (30 MB)
 #   deploy/image/build.sh --print-tag        # prints the tag and exits
 #
 # The base image is made once with `debootstrap --variant=minbase bookworm`
@@ -24,13 +25,15 @@ MIRROR=${APAPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 prebuilt=""
 cache_flags=(--layers)
+dataset_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt=${2:?--prebuilt needs a folder}; shift 2 ;;
     --prebuilt=*) prebuilt=${1#*=}; shift ;;
     --refresh) cache_flags=(--no-cache); shift ;;
+    --no-datasets) dataset_flags=(--build-arg DATASETS=); shift ;;
     --print-tag) echo "$IMAGE"; exit 0 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -95,7 +98,7 @@ fi
 
 old=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 echo "build.sh: podman build $IMAGE (binaries: $binaries)" >&2
-nice -n 19 podman build --isolation=chroot "${cache_flags[@]}" --target=runtime \
+nice -n 19 podman build --isolation=chroot "${cache_flags[@]}" "${dataset_flags[@]}" --target=runtime \
   --build-arg BASE="$BASE" --build-arg BINARIES="$binaries" --build-arg VERSION="$VERSION" \
   --tag "$IMAGE" --file "$ctx/Containerfile" "$ctx" >&2
 new=$(podman image inspect --format '{{.Id}}' "$IMAGE")
