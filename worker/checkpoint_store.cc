@@ -17,7 +17,6 @@
 namespace apapo::worker {
 namespace {
 
-constexpr absl::string_view kMagic = "apapo-checkpoint 1";
 constexpr absl::string_view kParam = "param";
 constexpr absl::string_view kBuffer = "buffer";
 
@@ -46,141 +45,13 @@ uint32_t Crc32(absl::string_view bytes) {
   return static_cast<uint32_t>(crc);
 }
 
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return dims.empty() ? "-" : absl::StrJoin(dims, "x");
-}
 
 std::vector<int64_t> DimsOf(const at::Tensor& t) {
   return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
 }
 
-// The rows tensor `t` has (first dimension; a 0-d tensor is one row).
-int64_t RowsOf(const std::vector<int64_t>& dims) {
-  return dims.empty() ? 1 : dims[0];
-}
 
-absl::Status DataLoss(const std::string& path, absl::string_view what) {
-  return absl::DataLossError(
-      absl::StrCat("checkpoint file '", path, "': ", what));
-}
 
-absl::StatusOr<FileCheckpointStore::Manifest> ParseManifest(
-    const std::string& path, const std::string& dir, absl::string_view text) {
-  FileCheckpointStore::Manifest m;
-  m.path = path;
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  if (lines.empty() || lines[0] != kMagic) {
-    return DataLoss(path, absl::StrCat("not a manifest (no '", kMagic,
-                                       "' line)"));
-  }
-  bool ended = false;
-  std::set<std::string> seen;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    if (lines[i].empty()) continue;
-    if (ended) return DataLoss(path, "text after 'end'");
-    std::vector<absl::string_view> f =
-        absl::StrSplit(lines[i], ' ', absl::SkipEmpty());
-    if (f.empty()) continue;  // a line of spaces
-    const std::string line_no = absl::StrCat("line ", i + 1, ": ");
-    auto bad = [&](absl::string_view why) {
-      return DataLoss(path, absl::StrCat(line_no, why, ": '", lines[i], "'"));
-    };
-    auto int_at = [&](size_t k, int64_t* out) {
-      return k < f.size() && absl::SimpleAtoi(f[k], out);
-    };
-    if (f[0] == "end") {
-      ended = true;
-    } else if (f[0] == "step") {
-      if (!int_at(1, &m.step)) return bad("bad step");
-    } else if (f[0] == "version") {
-      if (!int_at(1, &m.version)) return bad("bad version");
-    } else if (f[0] == "stage") {
-      int64_t s;
-      if (!int_at(1, &s)) return bad("bad stage");
-    } else if (f[0] == "optimizer_steps") {
-      if (!int_at(1, &m.optimizer_steps)) return bad("bad optimizer_steps");
-    } else if (f[0] == "slots") {
-      for (size_t k = 1; k < f.size(); ++k) m.slots.emplace_back(f[k]);
-    } else if (f[0] == "data") {
-      uint32_t crc;
-      if (f.size() != 4 || absl::StrContains(f[1], '/') ||
-          !absl::SimpleAtoi(f[2], &m.data_bytes) || m.data_bytes < 0 ||
-          !absl::SimpleAtoi(f[3], &crc)) {
-        return bad("bad data record");
-      }
-      m.data_path = absl::StrCat(dir, "/", f[1]);
-      m.data_crc = crc;
-    } else if (f[0] == "tensor") {
-      FileCheckpointStore::Entry e;
-      if (f.size() != 9) return bad("a tensor record has 9 fields");
-      e.key = std::string(f[1]);
-      e.dtype = std::string(f[2]);
-      if (!int_at(3, &e.rows.begin) || !int_at(4, &e.rows.end) ||
-          !int_at(5, &e.total_rows) || !int_at(6, &e.offset) ||
-          !int_at(7, &e.bytes)) {
-        return bad("bad number");
-      }
-      if (f[8] != "-") {
-        for (absl::string_view d : absl::StrSplit(f[8], 'x')) {
-          int64_t v;
-          if (!absl::SimpleAtoi(d, &v) || v < 0) return bad("bad dims");
-          e.dims.push_back(v);
-        }
-      }
-      const auto dtype = DTypeNamed(e.dtype);
-      if (!dtype.has_value()) return bad("unknown dtype");
-      // A hostile or corrupt manifest must not overflow the arithmetic.
-      int64_t numel = 1;
-      for (int64_t d : e.dims) {
-        if (__builtin_mul_overflow(numel, d, &numel)) return bad("dims too large");
-      }
-      int64_t expected_bytes = 0;
-      if (__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)),
-                                 &expected_bytes)) {
-        return bad("dims too large");
-      }
-      if (e.rows.begin < 0 || e.rows.end < e.rows.begin || e.rows.end > e.total_rows ||
-          e.rows.size() != RowsOf(e.dims) || e.offset < 0 ||
-          e.bytes != expected_bytes) {
-        return bad("rows, dims and bytes disagree");
-      }
-      if (!seen.insert(absl::StrCat(e.key, "@", e.rows.begin)).second) {
-        return bad("rows twice");
-      }
-      m.entries.push_back(std::move(e));
-    } else {
-      return bad("unknown record");
-    }
-  }
-  if (!ended) return DataLoss(path, "truncated (no 'end' line)");
-  if (m.data_path.empty()) return DataLoss(path, "no data record");
-  for (const auto& e : m.entries) {
-    if (e.offset > m.data_bytes || e.bytes > m.data_bytes - e.offset) {
-      return DataLoss(path, absl::StrCat("tensor '", e.key,
-                                         "' lies past the data's end"));
-    }
-  }
-  return m;
-}
-
-std::string ManifestText(const FileCheckpointStore::Manifest& m, int stage,
-                         absl::string_view data_name) {
-  std::string out = absl::StrCat(kMagic, "\n");
-  absl::StrAppend(&out, "step ", m.step, "\n", "version ", m.version, "\n",
-                  "stage ", stage, "\n", "optimizer_steps ",
-                  m.optimizer_steps, "\n");
-  absl::StrAppend(&out, "slots");
-  for (const auto& s : m.slots) absl::StrAppend(&out, " ", s);
-  absl::StrAppend(&out, "\n", "data ", data_name, " ", m.data_bytes, " ",
-                  m.data_crc, "\n");
-  for (const auto& e : m.entries) {
-    absl::StrAppend(&out, "tensor ", e.key, " ", e.dtype, " ", e.rows.begin,
-                    " ", e.rows.end, " ", e.total_rows, " ", e.offset, " ",
-                    e.bytes, " ", DimsString(e.dims), "\n");
-  }
-  absl::StrAppend(&out, "end\n");
-  return out;
-}
 
 }  // namespace
 
@@ -220,7 +91,7 @@ FileCheckpointStore::FileCheckpointStore(std::string directory,
     origins_.emplace(o.id, i);
     for (const ParamInfo& p : n.params) {
       required_[absl::StrCat(kParam, "/", o.id, ".", p.name)] =
-          o.is_part ? o.total_rows : RowsOf(p.shape);
+          o.is_part ? o.total_rows : CheckpointRows(p.shape);
     }
   }
 }
@@ -251,14 +122,14 @@ absl::StatusOr<FileCheckpointStore::Entry> FileCheckpointStore::KeyOf(
     if (o.is_part && prefix != kBuffer) {
       e.rows = o.rows;
       e.total_rows = o.total_rows;
-      if (RowsOf(e.dims) != o.rows.size()) {
+      if (CheckpointRows(e.dims) != o.rows.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", name, "' has ", RowsOf(e.dims), " rows, its part of '", o.id,
+            "'", name, "' has ", CheckpointRows(e.dims), " rows, its part of '", o.id,
             "' has ", o.rows.size()));
       }
     } else {
-      e.rows = {0, RowsOf(e.dims)};
-      e.total_rows = RowsOf(e.dims);
+      e.rows = {0, CheckpointRows(e.dims)};
+      e.total_rows = CheckpointRows(e.dims);
     }
     return e;
   }
@@ -339,7 +210,7 @@ absl::Status FileCheckpointStore::Save(int stage, const StageCheckpoint& c) {
   data.shrink_to_fit();
   const std::string data_name = absl::StrCat("stage-", stage, ".data");
   if (absl::Status st = fs_->WriteAtomically(manifest_path,
-                                             ManifestText(m, stage, data_name));
+                                             CheckpointManifestText(m, stage, data_name));
       !st.ok()) {
     return failed(manifest_path, st);
   }
@@ -384,12 +255,12 @@ FileCheckpointStore::ReadManifests(int64_t step) const {
     auto text = fs_->Read(path);
     if (!text.ok()) {
       if (absl::IsNotFound(text.status())) continue;  // pruned meanwhile
-      return DataLoss(path, text.status().message());
+      return CheckpointDataLoss(path, text.status().message());
     }
-    auto m = ParseManifest(path, dir, *text);
+    auto m = ParseCheckpointManifest(path, dir, *text);
     if (!m.ok()) return m.status();
     if (m->step != step) {
-      return DataLoss(path, absl::StrCat("holds step ", m->step));
+      return CheckpointDataLoss(path, absl::StrCat("holds step ", m->step));
     }
     for (const Entry& e : m->entries) {
       const size_t slash = e.key.find('/');
@@ -480,14 +351,14 @@ absl::Status FileCheckpointStore::Load(int64_t step, StageCheckpoint* into) {
     if (it != data.end()) return &it->second;
     const Manifest& m = (*manifests)[k];
     auto bytes = fs_->Read(m.data_path);
-    if (!bytes.ok()) return DataLoss(m.data_path, bytes.status().message());
+    if (!bytes.ok()) return CheckpointDataLoss(m.data_path, bytes.status().message());
     if (static_cast<int64_t>(bytes->size()) != m.data_bytes) {
-      return DataLoss(m.data_path,
+      return CheckpointDataLoss(m.data_path,
                       absl::StrCat("holds ", bytes->size(), " bytes, '",
                                    m.path, "' says ", m.data_bytes));
     }
     if (Crc32(*bytes) != m.data_crc) {
-      return DataLoss(m.data_path, "checksum mismatch (corrupt)");
+      return CheckpointDataLoss(m.data_path, "checksum mismatch (corrupt)");
     }
     return &data.emplace(k, *std::move(bytes)).first->second;
   };
@@ -525,8 +396,8 @@ absl::Status FileCheckpointStore::Load(int64_t step, StageCheckpoint* into) {
           e.total_rows != want.total_rows) {
         return absl::InvalidArgumentError(absl::StrCat(
             "checkpoint file '", path, "': '", e.key, "' is ", e.dtype, " ",
-            DimsString(e.dims), " of ", e.total_rows, " rows; the stage needs ",
-            c10::toString(like.scalar_type()), " ", DimsString(like_dims),
+            CheckpointDims(e.dims), " of ", e.total_rows, " rows; the stage needs ",
+            c10::toString(like.scalar_type()), " ", CheckpointDims(like_dims),
             " of ", want.total_rows));
       }
       auto bytes = data_of(k);
@@ -562,7 +433,7 @@ absl::Status FileCheckpointStore::Load(int64_t step, StageCheckpoint* into) {
     }
     if (m.version != first.version ||
         m.optimizer_steps != first.optimizer_steps) {
-      return DataLoss(m.path, absl::StrCat("version ", m.version,
+      return CheckpointDataLoss(m.path, absl::StrCat("version ", m.version,
                                            " / optimizer_steps ",
                                            m.optimizer_steps, " but '",
                                            first.path, "' says ",

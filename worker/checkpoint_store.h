@@ -78,6 +78,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/checkpoint_manifest.h"
 #include "worker/file_system.h"
 #include "worker/model_graph.h"
 #include "worker/optimizer.h"
@@ -133,27 +134,9 @@ class FileCheckpointStore : public CheckpointStore {
   std::string ManifestPath(int64_t step, int stage) const;
   std::string DataPath(int64_t step, int stage) const;
 
-  // One parsed manifest (public for the implementation's helpers).
-  struct Entry {
-    std::string key;
-    std::string dtype;
-    RowRange rows;
-    int64_t total_rows = 0;
-    int64_t offset = 0;
-    int64_t bytes = 0;
-    std::vector<int64_t> dims;  // empty: 0-d
-  };
-  struct Manifest {
-    std::string path;
-    std::string data_path;
-    int64_t step = 0;
-    int64_t version = 0;
-    int64_t optimizer_steps = 0;
-    std::vector<std::string> slots;
-    int64_t data_bytes = 0;
-    uint32_t data_crc = 0;
-    std::vector<Entry> entries;
-  };
+  // A parsed manifest and its records (checkpoint_manifest.h).
+  using Entry = CheckpointEntry;
+  using Manifest = CheckpointManifest;
 
  private:
   // The key and rows of tensor `t` named `name` ("<node>.<rest>" of this

@@ -511,6 +511,19 @@ TEST_F(StepsTest, TheWriterWritesInTheBackgroundAndReportsErrors) {
   }
 }
 
+// The manifest's torch-free dtype table agrees with c10's names and sizes.
+TEST(CheckpointManifestTest, ElementSizesAreC10s) {
+  for (c10::ScalarType t :
+       {c10::ScalarType::Float, c10::ScalarType::Double, c10::ScalarType::Half,
+        c10::ScalarType::BFloat16, c10::ScalarType::Long, c10::ScalarType::Int,
+        c10::ScalarType::Byte, c10::ScalarType::Bool}) {
+    EXPECT_EQ(CheckpointElementSize(c10::toString(t)),
+              static_cast<int64_t>(c10::elementSize(t)))
+        << c10::toString(t);
+  }
+  EXPECT_EQ(CheckpointElementSize("ComplexFloat"), std::nullopt);
+}
+
 TEST(LocalFileSystemTest, WritesAtomicallyListsAndRemoves) {
   FileSystem* fs = LocalFileSystem();
   const std::string dir = ::testing::TempDir() + "/apapo_fs_test/sub";

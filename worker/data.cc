@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace apapo {
 namespace worker {
@@ -126,7 +127,18 @@ absl::StatusOr<std::string> ReadGz(const std::string& path) {
   std::string out;
   char buf[1 << 16];
   int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
+  // A data file larger than this is refused (a gzip bomb in a data root
+  // must not take the stage's memory): Fashion-MNIST's largest is 47 MB.
+  constexpr size_t kMaxDataFileBytes = size_t{4} << 30;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) {
+    out.append(buf, n);
+    if (out.size() > kMaxDataFileBytes) {
+      gzclose(f);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data file '", path, "' decompresses to more than ", kMaxDataFileBytes >> 30,
+          " GiB"));
+    }
+  }
   int err = 0;
   const char* msg = gzerror(f, &err);
   const bool failed = n < 0 || (err != Z_OK && err != Z_STREAM_END);
@@ -198,36 +210,44 @@ absl::StatusOr<DataSplit> LoadText(const apapo::v1::TextData& spec) {
 
 }  // namespace
 
-absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path) {
-  auto raw = ReadGz(path);
-  if (!raw.ok()) return raw.status();
-  const std::string& s = *raw;
+absl::StatusOr<IdxFile> ParseIdx(absl::string_view s, const std::string& path) {
   if (s.size() < 4 || s[0] != 0 || s[1] != 0 ||
       static_cast<uint8_t>(s[2]) != 0x08) {
     return absl::DataLossError(
         absl::StrCat("'", path, "' is not an unsigned-byte IDX file"));
   }
   const int rank = static_cast<uint8_t>(s[3]);
-  if (s.size() < 4 + 4 * static_cast<size_t>(rank)) {
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  if (s.size() < header) {
     return absl::DataLossError(absl::StrCat("'", path, "' is truncated"));
   }
   IdxFile f;
-  int64_t total = 1;
+  // The product of the dimensions, checked against the bytes there are as
+  // it grows (no overflow, whatever the header claims).
+  const uint64_t data = s.size() - header;
+  uint64_t total = 1;
   for (int i = 0; i < rank; ++i) {
     const unsigned char* p =
         reinterpret_cast<const unsigned char*>(s.data() + 4 + 4 * i);
-    const int64_t d = (int64_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
-    f.dims.push_back(d);
-    total *= d;
+    const uint64_t d = (uint64_t{p[0]} << 24) | (uint64_t{p[1]} << 16) |
+                       (uint64_t{p[2]} << 8) | uint64_t{p[3]};
+    f.dims.push_back(static_cast<int64_t>(d));
+    total = d == 0 ? 0 : (total > data / d ? data + 1 : total * d);
   }
-  const size_t header = 4 + 4 * rank;
-  if (s.size() != header + static_cast<size_t>(total)) {
+  if (total != data) {
     return absl::DataLossError(absl::StrCat(
-        "'", path, "' holds ", s.size() - header, " data bytes, expected ",
-        total));
+        "'", path, "' holds ", data, " data bytes, expected ",
+        total > data ? absl::StrCat("more (dimensions ", absl::StrJoin(f.dims, "x"), ")")
+                     : absl::StrCat(total)));
   }
   f.bytes.assign(s.begin() + header, s.end());
   return f;
+}
+
+absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path) {
+  auto raw = ReadGz(path);
+  if (!raw.ok()) return raw.status();
+  return ParseIdx(*raw, path);
 }
 
 absl::StatusOr<DataSplit> LoadData(const apapo::v1::DataSpec& spec,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "worker/model_graph.h"
 
@@ -52,6 +53,10 @@ struct IdxFile {
   std::vector<uint8_t> bytes;
 };
 absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path);
+// The IDX bytes `bytes` (already decompressed) read from `path`: DATA_LOSS
+// naming the path unless the header's dimensions describe exactly the data
+// that follows.
+absl::StatusOr<IdxFile> ParseIdx(absl::string_view bytes, const std::string& path);
 
 // The order of training samples in `epoch`: a seeded permutation when
 // `shuffle`, else 0..size-1. Identical on every process and platform.

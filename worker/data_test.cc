@@ -59,6 +59,27 @@ TEST(DataTest, CorruptIdxIsDataLoss) {
   EXPECT_THAT(std::string(f.status().message()), HasSubstr(path));
 }
 
+TEST(DataTest, IdxDimensionsMustDescribeTheDataExactly) {
+  using std::string_literals::operator""s;
+  // 2 x 3 bytes.
+  auto ok = ParseIdx("\0\0\x08\x02\0\0\0\x02\0\0\0\x03"s "abcdef", "f");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->dims, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ok->bytes.size(), 6u);
+  // Dimensions whose product overflows 64 bits: refused, not wrapped round.
+  std::string huge = "\0\0\x08\x03"s;
+  for (int i = 0; i < 3; ++i) huge += "\xff\xff\xff\xff"s;
+  auto bad = ParseIdx(huge + "abcd", "huge.idx");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("'huge.idx' holds 4 data bytes, expected more (dimensions "
+                        "4294967295x4294967295x4294967295)"));
+  // A zero dimension holds no bytes.
+  EXPECT_TRUE(ParseIdx("\0\0\x08\x01\0\0\0\0"s, "empty").ok());
+  EXPECT_FALSE(ParseIdx("\0\0\x08\x01\0\0\0\0x"s, "extra").ok());
+  EXPECT_FALSE(ParseIdx("\0\0\x08\x05\0"s, "short").ok());
+}
+
 TEST(DataTest, TextStreamShiftsLabelsByOne) {
   const std::string path = ::testing::TempDir() + "/corpus.txt";
   std::string text;
