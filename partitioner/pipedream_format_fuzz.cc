@@ -1,6 +1,6 @@
 // libFuzzer target for the graph.txt parser: any input must either parse
 // into a valid graph or fail with a "FILE:LINE: reason" status, never crash.
-// Built outside Bazel by fuzz.sh (clang -fsanitize=fuzzer,address).
+// Built outside Bazel by fuzz/fuzz.sh (clang -fsanitize=fuzzer,address).
 
 #include <cstddef>
 #include <cstdint>

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -12,6 +13,19 @@
 #include "google/protobuf/util/json_util.h"
 
 namespace apapo {
+
+namespace {
+
+// Bytes the planner computed in doubles, as the proto's int64: clamped, since
+// sums of a hostile profile's sizes can pass int64's range, where a cast is
+// undefined.
+int64_t SaturatedBytes(double bytes) {
+  if (!(bytes > 0)) return 0;
+  if (bytes >= 9.2e18) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace
 namespace partitioner {
 
 apapo::v1::ScheduleKind ScheduleToProto(schedule::ScheduleKind kind) {
@@ -72,8 +86,8 @@ apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
     stage->set_compute_seconds(st.compute_seconds);
     stage->set_allreduce_seconds(st.allreduce_seconds);
     stage->set_comm_seconds(st.comm_seconds);
-    stage->set_peak_memory_bytes(static_cast<int64_t>(st.peak_memory_bytes));
-    stage->set_parameter_bytes(static_cast<int64_t>(st.parameter_bytes));
+    stage->set_peak_memory_bytes(SaturatedBytes(st.peak_memory_bytes));
+    stage->set_parameter_bytes(SaturatedBytes(st.parameter_bytes));
     stage->set_weight_versions(st.weight_versions);
     stage->set_in_flight_micro_batches(st.in_flight);
     stage->set_staleness(static_cast<int32_t>(st.staleness));

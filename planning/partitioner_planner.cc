@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
@@ -181,11 +182,14 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       split->set_parts(parts);
       names.push_back(id);
     }
-    out.add_notes(absl::StrCat(
-        "split ", absl::StrJoin(names, ", "), " column-wise into ",
-        splits.front().second, " parts each: predicted ",
-        static_cast<int64_t>(plan->samples_per_second), " samples/s vs ",
-        static_cast<int64_t>(unsplit_samples_per_second), " unsplit"));
+    // %.0f, not a cast: a worker's profile may predict any figure (a
+    // hostile one, 1e43 samples/s), and a double past int64's range does
+    // not convert (found by fuzz/planner_fuzz.cc).
+    out.add_notes(absl::StrFormat(
+        "split %s column-wise into %d parts each: predicted %.0f samples/s vs "
+        "%.0f unsplit",
+        absl::StrJoin(names, ", "), splits.front().second, plan->samples_per_second,
+        unsplit_samples_per_second));
   }
   // "w<index>" -> the registry's worker ids.
   for (auto& stage : *out.mutable_stages()) {
