@@ -41,20 +41,7 @@ def spec(steps, workers, **fault_tolerance):
 
 def stage_processes(daemon_pids):
     """Stage child processes (apapo-worker --run_assignment) of these daemons."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if "--run_assignment" in cmdline and ppid in daemon_pids:
-            found.append(int(entry))
-    return found
+    return t.child_processes(daemon_pids, "--run_assignment")
 
 
 # Test accuracy of spec(STEPS, 3) trained without a fault, once per run.

@@ -157,20 +157,7 @@ class WorkerHostTest(unittest.TestCase):
 
 def children_with(daemon_pid, flag):
     """Child processes of the daemon whose command line has `flag`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if flag in cmdline and ppid == daemon_pid:
-            found.append(int(entry))
-    return found
+    return t.child_processes({daemon_pid}, flag)
 
 
 class ProfilingCrashTest(unittest.TestCase):

@@ -153,3 +153,22 @@ def wait_until(predicate, timeout, what, interval=0.1):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         pause.wait(interval)
+
+
+def child_processes(parent_pids, flag):
+    """Processes whose parent is one of `parent_pids` and whose command line
+    has `flag` (a daemon's children: --run_assignment, --run_profile)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if flag in cmdline and ppid in parent_pids:
+            found.append(int(entry))
+    return found

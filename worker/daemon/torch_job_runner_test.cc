@@ -142,6 +142,38 @@ apapo::v1::ProfileCommand ModelProfile(const std::string& job) {
   return c;
 }
 
+// An executable shell script standing in for the worker binary.
+std::string WriteScript(const std::string& name, const std::string& body) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  {
+    std::ofstream f(path);
+    f << "#!/bin/sh\n" << body << "\n";
+  }
+  EXPECT_EQ(::chmod(path.c_str(), 0755), 0);
+  return path;
+}
+
+// Profiles `c` on a thread and stops the job until the profile returns (a
+// Stop before the profile starts finds nothing to stop); fails the test if
+// that takes a minute.
+absl::StatusOr<apapo::v1::ProfileResult> ProfileUntilStopped(
+    TorchJobRunner& runner, const apapo::v1::ProfileCommand& c) {
+  absl::StatusOr<apapo::v1::ProfileResult> result;
+  absl::Notification returned;
+  std::thread profile([&] {
+    result = runner.Profile(c);
+    returned.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (!returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)) &&
+         absl::Now() < deadline) {
+    runner.Stop(c.job_id());
+  }
+  profile.join();
+  EXPECT_LT(absl::Now(), deadline);
+  return result;
+}
+
 TEST(TorchJobRunnerTest, ProfileTimesTheModelInAChildProcess) {
   TorchJobRunnerOptions options{kSelf};
   options.memory_bytes = 123 << 20;  // what the daemon was told it has
@@ -156,13 +188,7 @@ TEST(TorchJobRunnerTest, ProfileTimesTheModelInAChildProcess) {
 // A profiling process that dies (a LibTorch crash, the OOM killer) fails
 // the profile naming the cause; the daemon's process goes on.
 TEST(TorchJobRunnerTest, AProfilingProcessThatDiesFailsTheProfileNotTheDaemon) {
-  const std::string script = ::testing::TempDir() + "/apapo_crashing_worker.sh";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\nkill -SEGV $$\n";
-  }
-  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
-  TorchJobRunner crashing(script);
+  TorchJobRunner crashing(WriteScript("apapo_crashing_worker.sh", "kill -SEGV $$"));
   auto result = crashing.Profile(ModelProfile("job-c"));
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
   EXPECT_THAT(result.status().message(),
@@ -176,26 +202,8 @@ TEST(TorchJobRunnerTest, AProfilingProcessThatDiesFailsTheProfileNotTheDaemon) {
 
 TEST(TorchJobRunnerTest, StopEndsARunningProfilingProcess) {
   // A child that would profile for ever: only the stop ends it.
-  const std::string script = ::testing::TempDir() + "/apapo_slow_worker.sh";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\nexec sleep 600\n";
-  }
-  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
-  TorchJobRunner runner(script);
-  absl::StatusOr<apapo::v1::ProfileResult> result;
-  absl::Notification returned;
-  std::thread profile([&] {
-    result = runner.Profile(ModelProfile("job-z"));
-    returned.Notify();
-  });
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (!returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)) &&
-         absl::Now() < deadline) {
-    runner.Stop("job-z");
-  }
-  profile.join();
-  EXPECT_LT(absl::Now(), deadline);
+  TorchJobRunner runner(WriteScript("apapo_slow_worker.sh", "exec sleep 600"));
+  auto result = ProfileUntilStopped(runner, ModelProfile("job-z"));
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
 }
 
@@ -251,20 +259,7 @@ TEST(TorchJobRunnerTest, StopCancelsAProfileWaitingForItsPeer) {
   auto port = host.HostRendezvous("job-s");
   ASSERT_TRUE(port.ok()) << port.status();
   // Rank 0 never comes: only Stop ends the 10-minute wait.
-  absl::StatusOr<apapo::v1::ProfileResult> result;
-  absl::Notification returned;
-  std::thread profile([&] {
-    result = lonely.Profile(LinkProfile("job-s", *port, 1, 2));
-    returned.Notify();
-  });
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  // Stop until it lands on the running profile (an earlier one finds none).
-  while (!returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)) &&
-         absl::Now() < deadline) {
-    lonely.Stop("job-s");
-  }
-  profile.join();
-  EXPECT_LT(absl::Now(), deadline);
+  auto result = ProfileUntilStopped(lonely, LinkProfile("job-s", *port, 1, 2));
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled)
       << result.status();
 }
