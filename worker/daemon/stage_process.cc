@@ -88,12 +88,12 @@ bool ReadMessage(const std::string& path, google::protobuf::Message* m) {
   return in && m->ParseFromString(ss.str());
 }
 
-int ThreadsOf(const apapo::v1::JobSpec& spec) {
+}  // namespace
+
+int StageThreads(const apapo::v1::JobSpec& spec) {
   return spec.resources().threads_per_worker() > 0 ? spec.resources().threads_per_worker()
                                                    : 1;
 }
-
-}  // namespace
 
 int RunAssignmentChildMain(const std::string& path) {
   FrameWriter writer(TakeFrameOutput());
@@ -104,7 +104,7 @@ int RunAssignmentChildMain(const std::string& path) {
                       "cannot read a serialized AssignStage from '", path, "'")),
                   2);
   }
-  BoundComputeThreads(ThreadsOf(a.spec()));
+  BoundComputeThreads(StageThreads(a.spec()));
   MetricsReport final_metrics;
   absl::Status status = RunAssignment(
       a,
@@ -128,7 +128,7 @@ int RunProfileChildMain(const std::string& path) {
                       "cannot read a serialized ProfileCommand from '", path, "'")),
                   2);
   }
-  const int threads = ThreadsOf(command.spec());
+  const int threads = StageThreads(command.spec());
   BoundComputeThreads(threads);
   ProfileOptions o;
   o.threads = threads;

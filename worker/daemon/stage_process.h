@@ -52,6 +52,11 @@ absl::Status RunAssignment(
 // running c10d's teardown; the int is only there for `return` in main.
 int RunAssignmentChildMain(const std::string& path);
 
+// The compute threads a stage or profiling process of `spec` runs with:
+// spec.resources.threads_per_worker, 1 when 0 (the daemon sets the same in
+// the child's OPENBLAS/OMP/MKL_NUM_THREADS).
+int StageThreads(const apapo::v1::JobSpec& spec);
+
 // The hidden profiling mode of the worker binary (model code never runs in
 // the daemon: a crash or an OOM while profiling ends this child, not the
 // daemon). `path` holds a serialized ProfileCommand whose spec already

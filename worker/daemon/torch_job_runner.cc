@@ -28,12 +28,6 @@ constexpr const char* kThreadVariables[] = {"OPENBLAS_NUM_THREADS",
                                             "OMP_NUM_THREADS",
                                             "MKL_NUM_THREADS"};
 
-int ThreadsFor(const apapo::v1::JobSpec& spec) {
-  return spec.resources().threads_per_worker() > 0
-             ? spec.resources().threads_per_worker()
-             : 1;
-}
-
 std::string ErrnoMessage(const char* what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
 }
@@ -148,7 +142,7 @@ absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
   ChildOutput out;
   out.profile = &result;
   absl::Status st = RunChild(job, label, "--run_profile", child_command.SerializeAsString(),
-                             ThreadsFor(command.spec()), out);
+                             StageThreads(command.spec()), out);
   if (st.code() == absl::StatusCode::kCancelled) {
     return absl::CancelledError("profiling stopped");
   }
@@ -260,7 +254,7 @@ absl::Status TorchJobRunner::Train(const apapo::v1::AssignStage& assignment,
   out.report = &report;
   out.final_metrics = final_metrics;
   absl::Status status = RunChild(job, label, "--run_assignment", local.SerializeAsString(),
-                                 ThreadsFor(assignment.spec()), out);
+                                 StageThreads(assignment.spec()), out);
   if (status.code() == absl::StatusCode::kCancelled) {
     return absl::CancelledError(stopped_message);
   }

@@ -202,7 +202,7 @@ TEST(TorchJobRunnerTest, AProfilingProcessThatDiesFailsTheProfileNotTheDaemon) {
 
 TEST(TorchJobRunnerTest, StopEndsARunningProfilingProcess) {
   // A child that would profile for ever: only the stop ends it.
-  TorchJobRunner runner(WriteScript("apapo_slow_worker.sh", "exec sleep 600"));
+  TorchJobRunner runner(WriteScript("apapo_endless_worker.sh", "exec tail -f /dev/null"));
   auto result = ProfileUntilStopped(runner, ModelProfile("job-z"));
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
 }
