@@ -116,8 +116,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry* registry,
       stage_seconds_(prometheus::BuildCounter()
                          .Name("apapo_stage_time_seconds_total")
                          .Help("Stage replica time by activity: busy (compute), "
-                               "idle (waiting), comm (exposed communication).")
+                               "idle (waiting), comm (exposed communication), "
+                               "checkpoint (handing a snapshot to the writer).")
                          .Register(*registry)),
+      checkpoint_write_cpu_(
+          prometheus::BuildCounter()
+              .Name("apapo_stage_checkpoint_write_cpu_seconds_total")
+              .Help("CPU time of a stage replica's background checkpoint writes.")
+              .Register(*registry)),
       loss_(prometheus::BuildGauge()
                 .Name("apapo_job_loss")
                 .Help("Recent training loss reported by the last stage.")
@@ -198,6 +204,8 @@ CoordinatorMetrics::StageSeries& CoordinatorMetrics::SeriesLocked(
   s.busy = with_activity("busy");
   s.idle = with_activity("idle");
   s.comm = with_activity("comm");
+  s.checkpoint = with_activity("checkpoint");
+  s.checkpoint_write_cpu = &checkpoint_write_cpu_.Add(labels);
   return s;
 }
 
@@ -231,6 +239,9 @@ void CoordinatorMetrics::OnMetrics(const std::string& job_id,
   add(s.busy, m.busy_seconds(), s.last_busy);
   add(s.idle, m.idle_seconds(), s.last_idle);
   add(s.comm, m.comm_exposed_seconds(), s.last_comm);
+  add(s.checkpoint, m.checkpoint_seconds(), s.last_checkpoint);
+  add(s.checkpoint_write_cpu, m.checkpoint_write_cpu_seconds(),
+      s.last_checkpoint_write_cpu);
 }
 
 void CoordinatorMetrics::OnJobRestarted(const std::string& job_id) {
@@ -242,6 +253,7 @@ void CoordinatorMetrics::OnJobRestarted(const std::string& job_id) {
   for (auto& [key, s] : it->second.stages) {
     s.last_samples = s.last_bytes = 0;
     s.last_busy = s.last_idle = s.last_comm = 0;
+    s.last_checkpoint = s.last_checkpoint_write_cpu = 0;
   }
 }
 
@@ -282,6 +294,8 @@ void CoordinatorMetrics::RemoveLocked(JobSeries& job) {
     stage_seconds_.Remove(s.busy);
     stage_seconds_.Remove(s.idle);
     stage_seconds_.Remove(s.comm);
+    stage_seconds_.Remove(s.checkpoint);
+    checkpoint_write_cpu_.Remove(s.checkpoint_write_cpu);
   }
 }
 

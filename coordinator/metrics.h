@@ -72,8 +72,11 @@ class CoordinatorMetrics : public SchedulerObserver {
     prometheus::Counter* busy = nullptr;
     prometheus::Counter* idle = nullptr;
     prometheus::Counter* comm = nullptr;
+    prometheus::Counter* checkpoint = nullptr;
+    prometheus::Counter* checkpoint_write_cpu = nullptr;
     double last_samples = 0, last_bytes = 0;
     double last_busy = 0, last_idle = 0, last_comm = 0;
+    double last_checkpoint = 0, last_checkpoint_write_cpu = 0;
   };
   struct JobSeries {
     prometheus::Gauge* loss = nullptr;
@@ -102,6 +105,7 @@ class CoordinatorMetrics : public SchedulerObserver {
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& bytes_sent_;
   prometheus::Family<prometheus::Counter>& stage_seconds_;
+  prometheus::Family<prometheus::Counter>& checkpoint_write_cpu_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& accuracy_;
   prometheus::Family<prometheus::Gauge>& staleness_;

@@ -69,6 +69,8 @@ TEST_F(MetricsTest, ReportsBecomeCountersByIncreaseGaugesAndHistograms) {
   r.set_samples(1500);
   r.mutable_stage()->set_bytes_sent(8192);
   r.mutable_stage()->set_busy_seconds(4);
+  r.mutable_stage()->set_checkpoint_seconds(0.25);
+  r.mutable_stage()->set_checkpoint_write_cpu_seconds(1.5);
   r.mutable_stage()->clear_step_seconds();
   metrics_.OnMetrics("job-000001", r);
   std::string text = Scrape();
@@ -76,6 +78,9 @@ TEST_F(MetricsTest, ReportsBecomeCountersByIncreaseGaugesAndHistograms) {
   EXPECT_THAT(text, HasSubstr("apapo_stage_samples_total{" + l + "} 1500"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_sent_bytes_total{" + l + "} 8192"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_time_seconds_total{activity=\"busy\"," + l + "} 4"));
+  EXPECT_THAT(text,
+              HasSubstr("apapo_stage_time_seconds_total{activity=\"checkpoint\"," + l + "} 0.25"));
+  EXPECT_THAT(text, HasSubstr("apapo_stage_checkpoint_write_cpu_seconds_total{" + l + "} 1.5"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_samples_per_second{" + l + "} 250"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_step_seconds_count{" + l + "} 2"));
   EXPECT_THAT(text, HasSubstr("apapo_stage_step_seconds_bucket{" + l + ",le=\"0.025\"} 1"));

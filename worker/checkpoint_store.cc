@@ -1,6 +1,7 @@
 #include "worker/checkpoint_store.h"
 
 #include <torch/torch.h>
+#include <time.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -515,6 +516,14 @@ absl::Status FileCheckpointStore::RemoveStepsAfter(int64_t step) {
 
 // ---- CheckpointWriter ----
 
+namespace {
+int64_t ThreadCpuNanos() {
+  timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
 CheckpointWriter::CheckpointWriter(CheckpointStore* store, int stage)
     : store_(store), stage_(stage), thread_([this] { Loop(); }) {}
 
@@ -550,6 +559,7 @@ void CheckpointWriter::Loop() {
     writing_ = true;
     mu_.Unlock();
     absl::Status st;
+    const int64_t cpu_before = ThreadCpuNanos();
     try {
       st = store_->Save(stage_, c);
     } catch (const std::exception& e) {
@@ -558,6 +568,7 @@ void CheckpointWriter::Loop() {
     }
     const int64_t step = c.step;
     c = StageCheckpoint();  // free the snapshot before reporting idle
+    write_cpu_ns_.fetch_add(ThreadCpuNanos() - cpu_before, std::memory_order_relaxed);
     if (st.ok()) written_step_.store(step, std::memory_order_release);
     mu_.Lock();
     writing_ = false;

@@ -180,6 +180,11 @@ class CheckpointWriter {
   // stop (SIGTERM) kills a write in flight, so this, not the step trained,
   // says what a restart can resume from.
   int64_t written_step() const { return written_step_.load(std::memory_order_acquire); }
+  // CPU time the writer thread has spent writing, seconds: what the
+  // background write takes from training when the cores are busy.
+  double write_cpu_seconds() const {
+    return write_cpu_ns_.load(std::memory_order_relaxed) * 1e-9;
+  }
 
  private:
   void Loop();
@@ -201,6 +206,7 @@ class CheckpointWriter {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> written_step_{0};
+  std::atomic<int64_t> write_cpu_ns_{0};
 
   std::thread thread_;  // last: starts after the members it reads
 };

@@ -497,6 +497,8 @@ TEST_F(StepsTest, TheWriterWritesInTheBackgroundAndReportsErrors) {
     gated.open_.Notify();
     EXPECT_TRUE(writer.Wait().ok());
     EXPECT_EQ(writer.written_step(), 10);
+    // The write's CPU time is counted once it is done.
+    EXPECT_GT(writer.write_cpu_seconds(), 0);
     EXPECT_THAT(gated.Paths(), ::testing::Contains("/ckpt/step-10/stage-0.manifest"));
     gated.Fail("/ckpt/step-20/stage-0.data");
     ASSERT_TRUE(writer.Submit(Holding(plan_, 0, ref_, 20)).ok());

@@ -94,6 +94,9 @@ struct StageExecutor::Impl {
     StageReport r = report;
     r.checkpoint_step = std::max(
         r.resumed_step, checkpoint_writer != nullptr ? checkpoint_writer->written_step() : 0);
+    if (checkpoint_writer != nullptr) {
+      r.checkpoint_write_cpu_seconds = checkpoint_writer->write_cpu_seconds();
+    }
     if (transport() != nullptr) {
       const TransportStats t = transport()->Stats();
       r.bytes_sent = t.bytes_sent;

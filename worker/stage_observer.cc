@@ -39,6 +39,8 @@ void FillStageMetrics(const StageReport& r, int stage, int rank,
   sm->set_backward_micro_batches(r.backward_micro_batches);
   sm->set_max_staleness(static_cast<int32_t>(r.max_staleness));
   sm->set_max_weight_versions(r.max_weight_versions);
+  sm->set_checkpoint_seconds(r.checkpoint_seconds);
+  sm->set_checkpoint_write_cpu_seconds(r.checkpoint_write_cpu_seconds);
 }
 
 }  // namespace apapo::worker

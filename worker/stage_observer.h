@@ -43,6 +43,8 @@ struct StageReport {
   // Executor time spent on checkpoints: snapshots, and waiting for the
   // previous (background) write; the write itself is not counted.
   double checkpoint_seconds = 0;
+  // CPU time of this replica's background checkpoint writes.
+  double checkpoint_write_cpu_seconds = 0;
   int64_t samples = 0;       // training samples this replica processed
   // Last stage only.
   double final_loss = 0;  // mean over the last epoch's micro-batches

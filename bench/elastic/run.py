@@ -18,6 +18,12 @@ repository root after `bazel build //... //proto/apapo/v1:py_stubs`:
    on 2 workers for --ckpt_steps steps, checkpoints at the coordinator's
    default interval (every_steps unset: 100) vs effectively off
    (every_steps > the run), interleaved A B A B ... for --rounds rounds.
+   Besides the throughput ratio (which this 2-core machine's noise swamps
+   below a few %), each A run's own accounting from /metrics: the seconds
+   the training loops spent handing snapshots to the writer plus the
+   writer threads' CPU, as a share of the loops' time (an upper bound of
+   the cost: the writes' CPU counts in full even where it ran on a core a
+   waiting stage left free).
 3. goodput: the spec() job on 3 workers, sized to last --goodput_minutes
    without faults, run (a) without faults and (b) with a placed worker
    killed every --kill_every_s and a replacement daemon started right after.
@@ -37,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -297,6 +304,28 @@ class Bench:
             s.checkpoint.every_steps = every_steps
         return s
 
+    def checkpoint_accounting(self, c, job_id):
+        """The job's stage time by activity and checkpoint-write CPU, summed
+        over its stage replicas, from the coordinator's /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
+                                    timeout=30) as m:
+            text = m.read().decode()
+        out = {"busy": 0.0, "idle": 0.0, "comm": 0.0, "checkpoint": 0.0, "write_cpu": 0.0}
+        for line in text.splitlines():
+            if f'job_id="{job_id}"' not in line or line.startswith("#"):
+                continue
+            value = float(line.rsplit(" ", 1)[1])
+            if line.startswith("apapo_stage_checkpoint_write_cpu_seconds_total{"):
+                out["write_cpu"] += value
+            elif line.startswith("apapo_stage_time_seconds_total{"):
+                for act in ("busy", "idle", "comm", "checkpoint"):
+                    if f'activity="{act}"' in line:
+                        out[act] += value
+        loop = out["busy"] + out["idle"] + out["comm"] + out["checkpoint"]
+        out["cost_upper_bound"] = ((out["checkpoint"] + out["write_cpu"]) / loop
+                                   if loop > 0 else None)
+        return out
+
     def throughput_run(self, c, s):
         job_id = c.submit(s)
         w = Watch(c, job_id)
@@ -334,6 +363,7 @@ class Bench:
                               if job.progress.HasField("test_accuracy") else None),
             "restarts": job.restarts,
             "plan_workers": list(job.worker_ids),
+            "accounting": self.checkpoint_accounting(c, job_id),
         }
 
     def checkpoint_cost(self, results):
@@ -353,10 +383,14 @@ class Bench:
                                       f"bench-ckpt-{arm}-{rnd + 1}")
                     r = self.throughput_run(c, s)
                     this[arm] = r
+                    acc = r["accounting"]
                     log(f"checkpoint round {rnd + 1} {arm}: {r['state']} window "
                         f"{r['window_samples_per_s'] or 0:.0f} samples/s, start->end "
                         f"{r['start_to_end_samples_per_s'] or 0:.0f}, final progress "
-                        f"{r['final_progress_samples_per_s']:.0f} ({r['submit_to_end_s']:.0f}s)")
+                        f"{r['final_progress_samples_per_s']:.0f} ({r['submit_to_end_s']:.0f}s); "
+                        f"checkpoint {acc['checkpoint']:.2f} s + write CPU "
+                        f"{acc['write_cpu']:.2f} s of {acc['busy'] + acc['idle'] + acc['comm'] + acc['checkpoint']:.0f} s "
+                        f"in the loops = {100 * (acc['cost_upper_bound'] or 0):.2f}%")
                 for key in ("window_samples_per_s", "start_to_end_samples_per_s"):
                     if this["A"].get(key) and this["B"].get(key):
                         this[f"ratio_{key}"] = this["A"][key] / this["B"][key]
@@ -487,6 +521,9 @@ def summarize(r):
             s[f"ckpt_ratio_{key}"] = med([x.get(f"ratio_{key}") for x in rounds])
             for arm in ("A", "B"):
                 s[f"ckpt_{arm}_{key}"] = med([x[arm].get(key) for x in rounds if arm in x])
+        s["ckpt_A_cost_upper_bound"] = med([x["A"]["accounting"]["cost_upper_bound"]
+                                            for x in rounds
+                                            if "A" in x and "accounting" in x["A"]])
     g = r.get("goodput", {})
     if "ratio_useful_samples_per_s" in g:
         s["goodput_ratio"] = g["ratio_useful_samples_per_s"]
