@@ -53,7 +53,7 @@ sources() {
         schedule/schedule.cc PB ;;
     stage_channel) echo fuzz/stage_channel_fuzz.cc worker/daemon/stage_channel.cc PB ;;
     checkpoint_manifest) echo fuzz/checkpoint_manifest_fuzz.cc worker/checkpoint_manifest.cc PB ;;
-    idx) echo fuzz/idx_fuzz.cc worker/data.cc worker/model_graph.cc worker/layer_kinds.cc PB ;;
+    idx) echo fuzz/idx_fuzz.cc worker/data.cc worker/confined_files.cc worker/model_graph.cc worker/layer_kinds.cc PB ;;
     *) echo "fuzz: unknown target '$1' (targets: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

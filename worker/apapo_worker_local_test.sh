@@ -28,4 +28,29 @@ set -e
 [ "$code" -eq 2 ] || { echo "missing spec exited $code"; exit 1; }
 grep -q "/nonexistent.textproto" err.txt
 "$BIN" 2>/dev/null && { echo "no args should fail"; exit 1; } || true
+
+# Confined to a data root (--confine_to, what the daemon passes its stage
+# processes): checkpoints are written beneath it; a checkpoint folder that is
+# a symlink out of the root fails the stage at the open, and nothing is
+# written outside.
+ROOT="${TEST_TMPDIR:-/tmp}/root"
+OUTSIDE="${TEST_TMPDIR:-/tmp}/outside"
+rm -rf "$ROOT" "$OUTSIDE"
+mkdir -p "$ROOT" "$OUTSIDE"
+with_checkpoints() {
+  cat "$SPEC"
+  echo "checkpoint { directory: \"$1\" every_steps: 8 }"
+}
+with_checkpoints "$ROOT/ckpt" > "$ROOT/in.textproto"
+"$BIN" --local=2 --confine_to="$ROOT" --spec="$ROOT/in.textproto" --timeout_s=60
+ls "$ROOT"/ckpt/step-*/stage-1.manifest >/dev/null
+ln -s "$OUTSIDE" "$ROOT/escape"
+with_checkpoints "$ROOT/escape/ckpt" > "$ROOT/out.textproto"
+set +e
+"$BIN" --local=2 --confine_to="$ROOT" --spec="$ROOT/out.textproto" --timeout_s=60 2>err.txt
+code=$?
+set -e
+[ "$code" -ne 0 ] || { echo "a checkpoint folder out of the root was written"; exit 1; }
+grep -q "outside the data roots ($ROOT)" err.txt || { cat err.txt; exit 1; }
+[ -z "$(ls -A "$OUTSIDE")" ] || { echo "written outside:"; ls -R "$OUTSIDE"; exit 1; }
 echo PASS

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/confined_files.h"
 
 namespace apapo {
 namespace worker {
@@ -117,13 +118,17 @@ class SyntheticDataset : public Dataset {
   int64_t numel_;
 };
 
-absl::StatusOr<std::string> ReadGz(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
+// `built_in`: a file of the default dataset directory, not one a spec
+// named (confined_files.h).
+absl::StatusOr<std::string> ReadGz(const std::string& path, bool built_in) {
+  auto fd = OpenForReading(path, "data file", built_in);
+  if (!fd.ok()) return fd.status();
+  gzFile f = gzdopen(fd->get(), "rb");
   if (f == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open data file '", path, "': ",
-                     std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot read data file '", path, "': ", std::strerror(errno)));
   }
+  fd->release();  // gzclose closes it
   std::string out;
   char buf[1 << 16];
   int n;
@@ -152,14 +157,15 @@ absl::StatusOr<std::string> ReadGz(const std::string& path) {
 }
 
 absl::StatusOr<DataSplit> LoadFashionMnist(std::string dir) {
-  if (dir.empty()) dir = kDefaultFashionMnistDir;
+  const bool built_in = dir.empty();
+  if (built_in) dir = kDefaultFashionMnistDir;
   auto load = [&](const std::string& prefix) -> absl::StatusOr<
                                                   std::unique_ptr<Dataset>> {
     auto images = ReadIdxGz(absl::StrCat(dir, "/", prefix,
-                                         "-images-idx3-ubyte.gz"));
+                                         "-images-idx3-ubyte.gz"), built_in);
     if (!images.ok()) return images.status();
     auto labels = ReadIdxGz(absl::StrCat(dir, "/", prefix,
-                                         "-labels-idx1-ubyte.gz"));
+                                         "-labels-idx1-ubyte.gz"), built_in);
     if (!labels.ok()) return labels.status();
     if (images->dims.size() != 3 || labels->dims.size() != 1 ||
         images->dims[0] != labels->dims[0]) {
@@ -181,15 +187,9 @@ absl::StatusOr<DataSplit> LoadFashionMnist(std::string dir) {
 }
 
 absl::StatusOr<DataSplit> LoadText(const apapo::v1::TextData& spec) {
-  std::ifstream in(spec.path(), std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot open text file '",
-                                            spec.path(), "': ",
-                                            std::strerror(errno)));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto text = std::make_shared<const std::string>(ss.str());
+  auto bytes = ReadFileConfined(spec.path(), "text file", int64_t{4} << 30);
+  if (!bytes.ok()) return bytes.status();
+  auto text = std::make_shared<const std::string>(*std::move(bytes));
   const double frac = spec.has_test_fraction() ? spec.test_fraction() : 0.1;
   if (frac <= 0 || frac >= 1) {
     return absl::InvalidArgumentError(
@@ -244,8 +244,8 @@ absl::StatusOr<IdxFile> ParseIdx(absl::string_view s, const std::string& path) {
   return f;
 }
 
-absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path) {
-  auto raw = ReadGz(path);
+absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path, bool built_in) {
+  auto raw = ReadGz(path, built_in);
   if (!raw.ok()) return raw.status();
   return ParseIdx(*raw, path);
 }

@@ -52,7 +52,9 @@ struct IdxFile {
   std::vector<int64_t> dims;
   std::vector<uint8_t> bytes;
 };
-absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path);
+// `built_in`: a file of the default dataset directory (not a spec path:
+// opened as given even when the process is confined to data roots).
+absl::StatusOr<IdxFile> ReadIdxGz(const std::string& path, bool built_in = false);
 // The IDX bytes `bytes` (already decompressed) read from `path`: DATA_LOSS
 // naming the path unless the header's dimensions describe exactly the data
 // that follows.

@@ -24,6 +24,7 @@
 #include "planning/partitioner_planner.h"
 #include "planning/stage_plan.h"
 #include "proto/apapo/v1/metrics.pb.h"
+#include "worker/confined_files.h"
 #include "worker/daemon/stage_process.h"
 #include "worker/daemon/torch_job_runner.h"
 #include "worker/torchscript_model.h"
@@ -320,6 +321,7 @@ absl::Status RunLocalJob(const apapo::v1::JobSpec& job_spec,
   for (int rank = 0; rank < world; ++rank) {
     TorchJobRunnerOptions ro;
     ro.exe = options.exe;
+    ro.data_roots = ConfinedDataRoots();  // --confine_to reaches the stages
     runners.push_back(std::make_unique<TorchJobRunner>(ro));
     auto [stage, replica] = stage_plan.StageOf(rank);
     apapo::v1::AssignStage a;

@@ -41,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "common/spec_paths.h"
 #include "common/tls.h"
+#include "worker/confined_files.h"
 #include "worker/daemon/daemon.h"
 #include "worker/daemon/memory.h"
 #include "worker/daemon/profiler.h"
@@ -76,6 +77,11 @@ ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Daemon: comma-separated directories a job may read and write "
           "under (data, TorchScript, checkpoints); a spec naming anything "
           "else, '..', or a non-regular file is refused before it runs.");
+ABSL_FLAG(std::string, confine_to, "",
+          "Open every path a spec names (data, TorchScript, checkpoints) "
+          "beneath these comma-separated data roots (openat2): the daemon "
+          "passes its --data_roots to its stage processes; --local passes "
+          "it on to its stages.");
 ABSL_FLAG(std::string, labels, "",
           "Daemon: labels matched by job specs' worker_selector, "
           "\"key=value,key=value\".");
@@ -199,6 +205,7 @@ int RunDaemon(int threads) {
   apapo::worker::TorchJobRunnerOptions runner_options;
   runner_options.exe = "/proc/self/exe";
   runner_options.host = absl::GetFlag(FLAGS_host);  // Gloo binds to it
+  runner_options.data_roots = *data_roots;  // its children open beneath them
   apapo::worker::TorchJobRunner runner(runner_options);
   apapo::worker::WorkerDaemon daemon(options, &runner);
   std::thread signal_thread([&] {
@@ -247,6 +254,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "apapo-worker: unexpected argument \"%s\" (see --help)\n",
                  rest[1]);
     return kExitUsage;
+  }
+  if (!absl::GetFlag(FLAGS_confine_to).empty()) {
+    absl::StatusOr<std::vector<std::string>> roots =
+        apapo::ParseDataRoots(absl::GetFlag(FLAGS_confine_to), "--confine_to");
+    if (!roots.ok()) {
+      std::fprintf(stderr, "apapo-worker: %s\n",
+                   std::string(roots.status().message()).c_str());
+      return kExitUsage;
+    }
+    apapo::worker::ConfineToDataRoots(*std::move(roots));
   }
   if (!absl::GetFlag(FLAGS_run_assignment).empty()) {
     return apapo::worker::RunAssignmentChildMain(

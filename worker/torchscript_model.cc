@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "worker/confined_files.h"
 
 namespace apapo {
 namespace worker {
@@ -40,17 +42,14 @@ std::string Cause(const std::exception& e) {
 }
 
 absl::StatusOr<torch::jit::Module> LoadModule(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("TorchScript file '", path,
-                                            "': ", std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TorchScript file '", path, "' is not a regular file"));
-  }
+  // Opened beneath its data root and read through that descriptor, so what
+  // is loaded is what was checked (confined_files.h); a module is at most
+  // 4 GiB.
+  auto bytes = ReadFileConfined(path, "TorchScript file", int64_t{4} << 30);
+  if (!bytes.ok()) return bytes.status();
   try {
-    return torch::jit::load(path, c10::Device(c10::kCPU));
+    std::istringstream in(*std::move(bytes));
+    return torch::jit::load(in, c10::Device(c10::kCPU));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot load TorchScript file '", path, "': ", Cause(e)));

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/daemon/link_profiler.h"
 #include "worker/daemon/stage_channel.h"
 
@@ -299,6 +300,9 @@ absl::Status TorchJobRunner::RunChild(const std::string& job, const std::string&
   std::vector<std::string> args = {
       options_.exe,
       absl::StrCat(flag, "=/proc/self/fd/", assignment_fd)};
+  if (!options_.data_roots.empty()) {
+    args.push_back(absl::StrCat("--confine_to=", absl::StrJoin(options_.data_roots, ",")));
+  }
   std::vector<std::string> env = ChildEnvironment(threads);
   std::vector<char*> argv = Pointers(args);
   std::vector<char*> envp = Pointers(env);

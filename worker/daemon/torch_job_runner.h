@@ -66,6 +66,9 @@ struct TorchJobRunnerOptions {
   absl::Duration stop_memory = absl::Seconds(30);
   // Memory reported by Profile when the spec sets none; 0: MemAvailable.
   int64_t memory_bytes = 0;
+  // The data roots the children open spec paths beneath
+  // (worker/confined_files.h; passed as --confine_to); empty: unconfined.
+  std::vector<std::string> data_roots;
 };
 
 class TorchJobRunner : public JobRunner {
