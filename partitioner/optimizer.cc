@@ -583,7 +583,14 @@ absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
   const int64_t block_cap = std::min<int64_t>(2 * cap, limit);
   const bool block_dag =
       EnumerateIdeals(units, block_cap, &sets, budget->enumerated());
+  const int block_units = units.n;
   if (!block_dag) {
+    // Prefixes at every layer when they fit the cap, at block ends otherwise.
+    if (w.n + 1 <= cap) {
+      std::vector<int> position(w.n);
+      for (int idx = 0; idx < w.n; ++idx) position[w.topo[idx]] = idx;
+      units = MakeUnits(w, position);
+    }
     sets = UnitPrefixes(units);
     *budget->enumerated() += sets.size();
   }
@@ -593,9 +600,14 @@ absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
       block_dag
           ? absl::StrCat("topological order in ", units.n,
                          " equal-compute blocks: ", st.sets.size(), " states")
-          : absl::StrCat("prefixes of a topological order in ", units.n,
-                         " equal-compute blocks (their DAG has more than ",
-                         block_cap, " ideals): ", st.sets.size(), " states");
+          : absl::StrCat("prefixes of a topological order ",
+                         units.n == block_units
+                             ? absl::StrCat("at the ends of ", block_units,
+                                            " equal-compute blocks")
+                             : std::string("at every layer"),
+                         ": ", st.sets.size(), " states (the DAG of ",
+                         block_units, " equal-compute blocks has more than ",
+                         block_cap, " ideals)");
   return st;
 }
 
