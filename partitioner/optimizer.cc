@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -186,6 +187,7 @@ class SearchBudget {
                   : absl::StrCat("at level ", level)));
   }
 
+  int64_t max_bytes() const { return limits_.max_bytes; }
   int64_t* enumerated() { return &enumerated_; }
   int64_t enumerated_states() const { return enumerated_; }
   int64_t bytes() const { return bytes_; }
@@ -534,32 +536,19 @@ std::vector<Bits> UnitPrefixes(const Units& u) {
   return sets;
 }
 
-// Builds the state family under `cap` (see the header). cap < 0: exact.
-absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
-                                  int64_t cap, SearchBudget* budget) {
-  std::vector<int> identity(w.n);
-  std::iota(identity.begin(), identity.end(), 0);
-  Units units = MakeUnits(w, identity);
-  std::vector<Bits> sets;
-  const int words = (w.n + 63) / 64;
-  const int64_t limit = budget->StateLimit(words);
-  const int64_t first_cap = cap < 0 ? limit : std::min(cap, limit);
-  if (EnumerateIdeals(units, first_cap, &sets, budget->enumerated())) {
-    States st = BuildStates(w, units, std::move(sets), model);
-    st.search = absl::StrCat("exact: ", st.sets.size(), " ideals");
-    return st;
-  }
-  if (cap < 0 || cap > limit) {
-    return budget->StatesExceeded(
-        words, cap < 0 ? std::string("the exact search (max_states -1)")
-                       : absl::StrCat("max_states ", cap));
-  }
+// Branch chains merged into pieces of 2, 4, ... layers, then whole: the
+// first whose ideals fit `cap`, if any.
+std::optional<States> MergedBranchChainStates(const WorkGraph& w,
+                                              CostModel model, int64_t cap,
+                                              SearchBudget* budget) {
   const std::vector<Bits> anc = Ancestors(w);
   const std::vector<bool> trunk = TrunkNodes(w, anc);
+  std::vector<Bits> sets;
   int previous_units = w.n;
   for (int piece = 2;; piece *= 2) {
     const bool whole = piece >= w.n;
-    units = MakeUnits(w, MergeBranchChains(w, trunk, whole ? w.n : piece));
+    Units units =
+        MakeUnits(w, MergeBranchChains(w, trunk, whole ? w.n : piece));
     if (units.n < previous_units &&
         EnumerateIdeals(units, cap, &sets, budget->enumerated())) {
       States st = BuildStates(w, units, std::move(sets), model);
@@ -570,7 +559,47 @@ absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
       return st;
     }
     previous_units = std::min(previous_units, units.n);
-    if (whole) break;
+    if (whole) return std::nullopt;
+  }
+}
+
+// Builds the state family under `cap` (see the header). cap < 0: exact.
+absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
+                                  int64_t cap, SearchBudget* budget) {
+  std::vector<int> identity(w.n);
+  std::iota(identity.begin(), identity.end(), 0);
+  Units units = MakeUnits(w, identity);
+  std::vector<Bits> sets;
+  const int words = (w.n + 63) / 64;
+  // The searches over single layers hold a bitset over the layers per layer
+  // (the enumeration's closures, the chain merging's ancestors and
+  // descendants): quadratic in the graph, so a huge graph goes straight to
+  // topological blocks.
+  const double per_layer_bytes = 3.0 * w.n * words * sizeof(uint64_t);
+  if (per_layer_bytes > budget->max_bytes()) {
+    if (cap < 0) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "planner budget exceeded: the exact search (max_states -1) of %d "
+          "layers needs %.4g B of per-layer bitsets, over max_bytes %d",
+          w.n, per_layer_bytes, budget->max_bytes()));
+    }
+  } else {
+    const int64_t limit = budget->StateLimit(words);
+    const int64_t first_cap = cap < 0 ? limit : std::min(cap, limit);
+    if (EnumerateIdeals(units, first_cap, &sets, budget->enumerated())) {
+      States st = BuildStates(w, units, std::move(sets), model);
+      st.search = absl::StrCat("exact: ", st.sets.size(), " ideals");
+      return st;
+    }
+    if (cap < 0 || cap > limit) {
+      return budget->StatesExceeded(
+          words, cap < 0 ? std::string("the exact search (max_states -1)")
+                         : absl::StrCat("max_states ", cap));
+    }
+    if (std::optional<States> merged =
+            MergedBranchChainStates(w, model, cap, budget)) {
+      return *std::move(merged);
+    }
   }
   const int blocks = static_cast<int>(std::max<int64_t>(1, cap - 2));
   units = MakeUnits(w, TopologicalBlocks(w, blocks));
@@ -580,7 +609,8 @@ absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
   // wide graph's block DAG has as many ideals as the graph (NASNet-style
   // cells: astronomically many), and then only the prefixes of the block
   // order are states.
-  const int64_t block_cap = std::min<int64_t>(2 * cap, limit);
+  const int64_t block_cap =
+      std::min<int64_t>(2 * cap, budget->StateLimit((units.n + 63) / 64));
   const bool block_dag =
       EnumerateIdeals(units, block_cap, &sets, budget->enumerated());
   const int block_units = units.n;

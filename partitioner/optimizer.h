@@ -42,8 +42,10 @@
 // blocks and takes the ideals of the block DAG, and when even those exceed
 // twice the cap (wide graphs: NASNet-style cells, layered DAGs with wide
 // cuts), only the prefixes of the block order: a chain of at most
-// `max_states` states, so the search is bounded on any DAG. Every coarsening
-// sets Plan::exact = false and Plan::search says which one was used.
+// `max_states` states, so the search is bounded on any DAG (a graph whose
+// per-layer bitsets, 3 n^2 / 8 bytes, exceed budget.max_bytes goes straight
+// to the blocks). Every coarsening sets Plan::exact = false and
+// Plan::search says which one was used.
 //
 // Budget: PlannerOptions::budget bounds one call whatever max_states says
 // (states an enumeration holds, bytes of the search's tables, DP steps);

@@ -439,6 +439,25 @@ TEST(OptimizerTest, ExceedingTheBudgetIsResourceExhaustedNamingTheLimit) {
             std::string::npos)
       << plan.status();
 
+  // A graph too large for per-layer bitsets under the byte budget (3 x 20,000
+  // layers x 313 words) goes straight to topological blocks; asking for the
+  // exact search of it fails.
+  const Graph chain = SyntheticChain(20000, 5);
+  PlannerOptions small_bytes = PipeDreamOptions();
+  small_bytes.budget.max_bytes = 64 << 20;
+  plan = PlanPipeline(chain, Flat(16), small_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->search.find("equal-compute blocks"), std::string::npos)
+      << plan->search;
+  EXPECT_LE(plan->search_bytes, 64 << 20);
+  small_bytes.max_states = -1;
+  plan = PlanPipeline(chain, Flat(16), small_bytes);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("per-layer bitsets"),
+            std::string::npos)
+      << plan.status();
+
   // The default budget never binds on the real profiles.
   absl::StatusOr<Plan> inception =
       PlanPipeline(LoadProfile("inception_v3"), Flat(16), PipeDreamOptions());
