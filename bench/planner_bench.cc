@@ -1,9 +1,14 @@
 // Google Benchmark of the planner over every profile in ../shared/profiles
-// and synthetic graphs (10,000-layer chain, 2,000-node random DAG), on flat
-// clusters of 4..64 workers and hierarchies up to 1,024 workers.
+// and synthetic graphs (10,000-layer chain, 2,000-node random DAG, the wide
+// graphs of issue 12: NASNet-style cells and 2,000-node layered DAGs), on
+// flat clusters of 4..64 workers and hierarchies up to 1,024 workers.
 //
 // Run: bazel run -c opt //bench:planner_bench -- --benchmark_min_time=0.2
 // (APAPO_PROFILES_DIR points at the profiles when not run from the repo).
+// peak_rss_MiB is the process's peak so far: run one case per process
+// (--benchmark_filter) to read it for that case.
+
+#include <sys/resource.h>
 
 #include <string>
 
@@ -40,6 +45,13 @@ void PlanOnce(benchmark::State& state, const Graph& graph,
   state.counters["states"] = last.num_states;
   state.counters["exact"] = last.exact;
   state.counters["stages"] = last.stages.size();
+  state.counters["enumerated"] = last.states_enumerated;
+  state.counters["search_MiB"] = last.search_bytes / 1048576.0;
+  state.counters["dp_steps"] = last.dp_steps;
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    state.counters["peak_rss_MiB"] = usage.ru_maxrss / 1024.0;  // KiB on Linux
+  }
 }
 
 void RegisterAll() {
@@ -72,6 +84,23 @@ void RegisterAll() {
       {"chain10000", new Graph(SyntheticChain(10000, 4)),
        "8:300e9,16:25e9,8:10e9"},
   };
+  // Issue 12, under PipeDream's cost model as reported there.
+  const Synthetic wide[] = {
+      {"nasnet", new Graph(SyntheticNasNet(1)), "4:1e9"},
+      {"nasnet", new Graph(SyntheticNasNet(1)), "16:1e9"},
+      {"layered2000", new Graph(SyntheticLayeredDag(2000, 7)), "4:1e9"},
+      {"layered2000", new Graph(SyntheticLayeredDag(2000, 7)), "16:1e9"},
+  };
+  for (const Synthetic& s : wide) {
+    Graph* graph = s.graph;
+    const char* levels = s.levels;
+    benchmark::RegisterBenchmark(
+        ("plan/" + s.name + "/" + levels + "/pipedream").c_str(),
+        [graph, levels](benchmark::State& st) {
+          PlanOnce(st, *graph, levels, CostModel::kPipeDream);
+        })
+        ->Unit(benchmark::kMillisecond);
+  }
   for (const Synthetic& s : synthetic) {
     Graph* graph = s.graph;
     const char* levels = s.levels;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -128,6 +129,77 @@ std::vector<Bits> Ancestors(const WorkGraph& w) {
   return anc;
 }
 
+// Counts what one PlanPipeline call uses against PlannerOptions::budget.
+class SearchBudget {
+ public:
+  explicit SearchBudget(const PlannerOptions::Budget& limits)
+      : limits_(limits) {}
+
+  // States an enumeration over sets of `words` words may hold: the state
+  // list and the hash set each keep a copy (vector header + words), plus the
+  // set's slot.
+  int64_t StateLimit(int words) const {
+    const int64_t per_state = 2 * (24 + 8 * int64_t{words}) + 16;
+    return std::max<int64_t>(
+        1, std::min(limits_.max_states, limits_.max_bytes / per_state));
+  }
+
+  // The error for an enumeration that needed more than StateLimit(words).
+  absl::Status StatesExceeded(int words, const std::string& what) const {
+    const int64_t limit = StateLimit(words);
+    const bool by_states = limit == limits_.max_states;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "planner budget exceeded: %s needs more than %d DP states (budget: "
+        "%s); plan with the default state cap (max_states 0), which "
+        "coarsens the graph",
+        what, limit,
+        by_states ? absl::StrFormat("max_states %d", limits_.max_states)
+                  : absl::StrFormat("max_bytes %d at %d B per state",
+                                    limits_.max_bytes,
+                                    limits_.max_bytes / limit)));
+  }
+
+  // Charges `bytes` of `what` before it is allocated.
+  absl::Status ChargeBytes(double bytes, absl::string_view what) {
+    if (bytes_ + bytes > static_cast<double>(limits_.max_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "planner budget exceeded: %s need %.4g B, with %d B already in use "
+          "over the budget of max_bytes %d",
+          what, bytes, bytes_, limits_.max_bytes));
+    }
+    bytes_ += static_cast<int64_t>(bytes);
+    return absl::OkStatus();
+  }
+
+  // Charges DP steps; false once over the budget.
+  bool ChargeSteps(int64_t steps) {
+    steps_ += steps;
+    return steps_ <= limits_.max_dp_steps;
+  }
+  // `level` -1: while listing the states' subsets, before any level.
+  absl::Status StepsExceeded(int level) const {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "planner budget exceeded: the DP took more than max_dp_steps %d "
+        "steps (%s); use fewer states (max_states) or fewer workers per "
+        "level",
+        limits_.max_dp_steps,
+        level < 0 ? std::string("listing subsets of states")
+                  : absl::StrCat("at level ", level)));
+  }
+
+  int64_t max_bytes() const { return limits_.max_bytes; }
+  int64_t* enumerated() { return &enumerated_; }
+  int64_t enumerated_states() const { return enumerated_; }
+  int64_t bytes() const { return bytes_; }
+  int64_t steps() const { return steps_; }
+
+ private:
+  PlannerOptions::Budget limits_;
+  int64_t enumerated_ = 0;
+  int64_t bytes_ = 0;
+  int64_t steps_ = 0;
+};
+
 // A coarsening of the work graph: units are groups of work nodes whose
 // quotient is a DAG; DP states are ideals of the quotient.
 struct Units {
@@ -181,8 +253,10 @@ Units MakeUnits(const WorkGraph& w, std::vector<int> unit_of) {
 
 // Enumerates ideals of the unit DAG reachable from {} by adding the closure of
 // the first source, then of any successor of the current ideal. Returns false
-// when more than `cap` states exist (cap < 0: unlimited).
-bool EnumerateIdeals(const Units& u, int64_t cap, std::vector<Bits>* out) {
+// as soon as more than `cap` states exist (cap < 0: unlimited, only for
+// graphs known to be small). Adds the states visited to `*enumerated`.
+bool EnumerateIdeals(const Units& u, int64_t cap, std::vector<Bits>* out,
+                     int64_t* enumerated = nullptr) {
   const int words = (u.n + 63) / 64;
   std::vector<Bits> closure(u.n, Bits(words, 0));  // ancestors + self
   for (int x : u.topo) {
@@ -220,6 +294,7 @@ bool EnumerateIdeals(const Units& u, int64_t cap, std::vector<Bits>* out) {
       for (int i = 0; i < words; ++i) next[i] |= closure[s][i];
       if (seen.insert(next).second) {
         states.push_back(std::move(next));
+        if (enumerated != nullptr) ++*enumerated;
         if (cap >= 0 && static_cast<int64_t>(states.size()) > cap) return false;
       }
     }
@@ -446,24 +521,36 @@ States BuildStates(const WorkGraph& w, const Units& units,
   return st;
 }
 
-// Builds the state family under `cap` (see the header).
-States MakeStates(const WorkGraph& w, CostModel model, int64_t cap) {
-  std::vector<int> identity(w.n);
-  std::iota(identity.begin(), identity.end(), 0);
-  Units units = MakeUnits(w, identity);
+// Prefixes of the unit order as states: {}, {0}, {0, 1}, ..., all units.
+// Right for units that are contiguous ranges of a topological order, numbered
+// along it (TopologicalBlocks): every prefix is then an ideal.
+std::vector<Bits> UnitPrefixes(const Units& u) {
+  const int words = (u.n + 63) / 64;
   std::vector<Bits> sets;
-  if (EnumerateIdeals(units, cap, &sets)) {
-    States st = BuildStates(w, units, std::move(sets), model);
-    st.search = absl::StrCat("exact: ", st.sets.size(), " ideals");
-    return st;
+  Bits prefix(words, 0);
+  sets.push_back(prefix);
+  for (int x = 0; x < u.n; ++x) {
+    Set(&prefix, x);
+    sets.push_back(prefix);
   }
+  return sets;
+}
+
+// Branch chains merged into pieces of 2, 4, ... layers, then whole: the
+// first whose ideals fit `cap`, if any.
+std::optional<States> MergedBranchChainStates(const WorkGraph& w,
+                                              CostModel model, int64_t cap,
+                                              SearchBudget* budget) {
   const std::vector<Bits> anc = Ancestors(w);
   const std::vector<bool> trunk = TrunkNodes(w, anc);
+  std::vector<Bits> sets;
   int previous_units = w.n;
   for (int piece = 2;; piece *= 2) {
     const bool whole = piece >= w.n;
-    units = MakeUnits(w, MergeBranchChains(w, trunk, whole ? w.n : piece));
-    if (units.n < previous_units && EnumerateIdeals(units, cap, &sets)) {
+    Units units =
+        MakeUnits(w, MergeBranchChains(w, trunk, whole ? w.n : piece));
+    if (units.n < previous_units &&
+        EnumerateIdeals(units, cap, &sets, budget->enumerated())) {
       States st = BuildStates(w, units, std::move(sets), model);
       st.exact = false;
       st.search = absl::StrCat("branch chains merged into pieces of <= ",
@@ -472,17 +559,85 @@ States MakeStates(const WorkGraph& w, CostModel model, int64_t cap) {
       return st;
     }
     previous_units = std::min(previous_units, units.n);
-    if (whole) break;
+    if (whole) return std::nullopt;
+  }
+}
+
+// Builds the state family under `cap` (see the header). cap < 0: exact.
+absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
+                                  int64_t cap, SearchBudget* budget) {
+  std::vector<int> identity(w.n);
+  std::iota(identity.begin(), identity.end(), 0);
+  Units units = MakeUnits(w, identity);
+  std::vector<Bits> sets;
+  const int words = (w.n + 63) / 64;
+  // The searches over single layers hold a bitset over the layers per layer
+  // (the enumeration's closures, the chain merging's ancestors and
+  // descendants): quadratic in the graph, so a huge graph goes straight to
+  // topological blocks.
+  const double per_layer_bytes = 3.0 * w.n * words * sizeof(uint64_t);
+  if (per_layer_bytes > budget->max_bytes()) {
+    if (cap < 0) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "planner budget exceeded: the exact search (max_states -1) of %d "
+          "layers needs %.4g B of per-layer bitsets, over max_bytes %d",
+          w.n, per_layer_bytes, budget->max_bytes()));
+    }
+  } else {
+    const int64_t limit = budget->StateLimit(words);
+    const int64_t first_cap = cap < 0 ? limit : std::min(cap, limit);
+    if (EnumerateIdeals(units, first_cap, &sets, budget->enumerated())) {
+      States st = BuildStates(w, units, std::move(sets), model);
+      st.search = absl::StrCat("exact: ", st.sets.size(), " ideals");
+      return st;
+    }
+    if (cap < 0 || cap > limit) {
+      return budget->StatesExceeded(
+          words, cap < 0 ? std::string("the exact search (max_states -1)")
+                         : absl::StrCat("max_states ", cap));
+    }
+    if (std::optional<States> merged =
+            MergedBranchChainStates(w, model, cap, budget)) {
+      return *std::move(merged);
+    }
   }
   const int blocks = static_cast<int>(std::max<int64_t>(1, cap - 2));
   units = MakeUnits(w, TopologicalBlocks(w, blocks));
   sets.clear();
-  EnumerateIdeals(units, -1, &sets);
+  // The block DAG's ideals may exceed the cap a little (inception_v3 on two
+  // levels: 290 for a cap of 246), which is accepted up to twice the cap; a
+  // wide graph's block DAG has as many ideals as the graph (NASNet-style
+  // cells: astronomically many), and then only the prefixes of the block
+  // order are states.
+  const int64_t block_cap =
+      std::min<int64_t>(2 * cap, budget->StateLimit((units.n + 63) / 64));
+  const bool block_dag =
+      EnumerateIdeals(units, block_cap, &sets, budget->enumerated());
+  const int block_units = units.n;
+  if (!block_dag) {
+    // Prefixes at every layer when they fit the cap, at block ends otherwise.
+    if (w.n + 1 <= cap) {
+      std::vector<int> position(w.n);
+      for (int idx = 0; idx < w.n; ++idx) position[w.topo[idx]] = idx;
+      units = MakeUnits(w, position);
+    }
+    sets = UnitPrefixes(units);
+    *budget->enumerated() += sets.size();
+  }
   States st = BuildStates(w, units, std::move(sets), model);
   st.exact = false;
-  st.search = absl::StrCat("topological order in ", units.n,
-                           " equal-compute blocks: ", st.sets.size(),
-                           " states");
+  st.search =
+      block_dag
+          ? absl::StrCat("topological order in ", units.n,
+                         " equal-compute blocks: ", st.sets.size(), " states")
+          : absl::StrCat("prefixes of a topological order ",
+                         units.n == block_units
+                             ? absl::StrCat("at the ends of ", block_units,
+                                            " equal-compute blocks")
+                             : std::string("at every layer"),
+                         ": ", st.sets.size(), " states (the DAG of ",
+                         block_units, " equal-compute blocks has more than ",
+                         block_cap, " ideals)");
   return st;
 }
 
@@ -528,7 +683,8 @@ double StageMemory(schedule::ScheduleKind kind, double params, double acts,
   return versions * params + depth * acts;
 }
 
-std::vector<std::vector<int>> ProperSubsets(const States& st) {
+absl::StatusOr<std::vector<std::vector<int>>> ProperSubsets(
+    const States& st, SearchBudget* budget) {
   // States are sorted by size, so only earlier states can be proper subsets.
   const int S = st.sets.size();
   std::vector<int> size(S, 0);
@@ -542,19 +698,38 @@ std::vector<std::vector<int>> ProperSubsets(const States& st) {
         sub[j].push_back(k);
       }
     }
+    // Charged per state, so the lists never outgrow the budget by more than
+    // one state's; the subset tests count as DP steps.
+    if (!budget->ChargeSteps(j)) return budget->StepsExceeded(-1);
+    if (absl::Status s = budget->ChargeBytes(24.0 + 4.0 * sub[j].size(),
+                                             "the DP's subset lists");
+        !s.ok()) {
+      return s;
+    }
   }
   return sub;
 }
 
 // Solves one level for the given start states.
-LevelTable SolveLevel(const LevelContext& ctx, int M,
-                      const std::vector<int>& starts,
-                      const std::vector<std::vector<int>>& sub) {
+absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
+                                      const std::vector<int>& starts,
+                                      const std::vector<std::vector<int>>& sub,
+                                      int level, SearchBudget* budget) {
   const States& st = *ctx.st;
   const int S = st.sets.size();
   LevelTable t;
   t.S = S;
   t.M = M;
+  // value, choice_k and choice_y per cell.
+  const double cell_bytes = sizeof(double) + 2 * sizeof(int);
+  if (absl::Status s = budget->ChargeBytes(
+          static_cast<double>(starts.size()) * S * (M + 1) * cell_bytes,
+          absl::StrFormat("the level-%d DP table (%d starts x %d states x %d "
+                          "unit counts)",
+                          level, starts.size(), S, M + 1));
+      !s.ok()) {
+    return s;
+  }
   t.start_index.assign(S, -1);
   for (size_t r = 0; r < starts.size(); ++r) t.start_index[starts[r]] = r;
   const size_t cells = starts.size() * static_cast<size_t>(S) * (M + 1);
@@ -574,14 +749,17 @@ LevelTable SolveLevel(const LevelContext& ctx, int M,
     for (int k = 0; k < S; ++k) {
       is_super[k] = k == i || SubsetOf(st.sets[i], st.sets[k]);
     }
+    if (!budget->ChargeSteps(S)) return budget->StepsExceeded(level);
     for (int m = 0; m <= M; ++m) t.value[t.At(r, i, m)] = 0;
     for (int j = 0; j < S; ++j) {
       if (j == i || !is_super[j]) continue;
       double* best = &t.value[t.At(r, j, 0)];
       int* bk = &t.choice_k[t.At(r, j, 0)];
       int* by = &t.choice_y[t.At(r, j, 0)];
+      int64_t steps = 0;
       for (int k : sub[j]) {
         if (!is_super[k]) continue;
+        steps += M;
         const bool first = k == i;
         double base;
         if (ctx.inner == nullptr) {
@@ -619,6 +797,7 @@ LevelTable SolveLevel(const LevelContext& ctx, int M,
         if (memory_binds) {
           // Exact but O(M^2): the in-flight depth depends on how many workers
           // remain downstream, ceil((y + M - m) / y) on one level.
+          steps += static_cast<int64_t>(M) * (M + 1) / 2;
           for (int m = 1; m <= M; ++m) {
             for (int y = 1; y <= m; ++y) {
               const int downstream =
@@ -683,6 +862,7 @@ LevelTable SolveLevel(const LevelContext& ctx, int M,
           }
         }
       }
+      if (!budget->ChargeSteps(steps)) return budget->StepsExceeded(level);
       // At most m units: non-increasing in m.
       for (int m = 1; m <= M; ++m) {
         if (best[m - 1] <= best[m]) {
@@ -1010,8 +1190,21 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
   if (absl::Status s = CheckInputs(graph, cluster, options); !s.ok()) return s;
   const WorkGraph w = BuildWorkGraph(graph);
   const int64_t cap = StateCap(options, cluster);
-  const States st = MakeStates(w, options.cost_model, cap);
-  const std::vector<std::vector<int>> sub = ProperSubsets(st);
+  SearchBudget budget(options.budget);
+  absl::StatusOr<States> made = MakeStates(w, options.cost_model, cap, &budget);
+  if (!made.ok()) return made.status();
+  const States& st = *made;
+  if (absl::Status s = budget.ChargeBytes(
+          static_cast<double>(st.sets.size()) *
+              (24 + 8 * st.sets.front().size()),
+          "the DP states");
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<std::vector<int>>> subsets =
+      ProperSubsets(st, &budget);
+  if (!subsets.ok()) return subsets.status();
+  const std::vector<std::vector<int>>& sub = *subsets;
   double mean_speed = 0;
   for (int worker = 0; worker < cluster.num_workers(); ++worker) {
     mean_speed += cluster.speed(worker);
@@ -1038,8 +1231,12 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.single_level = L == 1;
     ctx.kind = options.schedule;
     const bool final_level = l == L - 1;
-    tables[l] = SolveLevel(ctx, cluster.levels[l].fanout,
-                           final_level ? std::vector<int>{0} : all_starts, sub);
+    absl::StatusOr<LevelTable> table =
+        SolveLevel(ctx, cluster.levels[l].fanout,
+                   final_level ? std::vector<int>{0} : all_starts, sub, l,
+                   &budget);
+    if (!table.ok()) return table.status();
+    tables[l] = *std::move(table);
   }
   const int top_units = cluster.levels[L - 1].fanout;
   const double value = tables[L - 1].Value(0, st.full, top_units);
@@ -1085,6 +1282,9 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
   plan.num_states = st.sets.size();
   plan.exact = st.exact;
   plan.search = st.search;
+  plan.states_enumerated = budget.enumerated_states();
+  plan.search_bytes = budget.bytes();
+  plan.dp_steps = budget.steps();
   if (absl::Status s =
           FinishPlan(graph, w, st, cluster, options, flat, value, &plan);
       !s.ok()) {

@@ -38,8 +38,20 @@
 // a successor (a superset of PipeDream's antichain DAG). When there are more
 // than `max_states` of them (inception_v3: >221k), the planner coarsens: first
 // it merges in-branch chains into pieces of at most L layers (L = 2, 4, ...),
-// then whole branch chains, and finally falls back to prefixes of a
-// topological order cut into equal-compute blocks. Plan::search says which.
+// then whole branch chains, then cuts a topological order into equal-compute
+// blocks and takes the ideals of the block DAG, and when even those exceed
+// twice the cap (wide graphs: NASNet-style cells, layered DAGs with wide
+// cuts), only the prefixes of the block order: a chain of at most
+// `max_states` states, so the search is bounded on any DAG (a graph whose
+// per-layer bitsets, 3 n^2 / 8 bytes, exceed budget.max_bytes goes straight
+// to the blocks). Every coarsening sets Plan::exact = false and
+// Plan::search says which one was used.
+//
+// Budget: PlannerOptions::budget bounds one call whatever max_states says
+// (states an enumeration holds, bytes of the search's tables, DP steps);
+// exceeding it fails with RESOURCE_EXHAUSTED naming the limit instead of
+// growing. With the default cap it binds only on an exact search
+// (max_states = -1) or an explicit cap of a very wide graph.
 //
 // Thread-safety: PlanPipeline is reentrant (no shared state).
 
@@ -73,8 +85,21 @@ struct PlannerOptions {
   int micro_batches = 0;
   int max_in_flight = 0;  // see schedule::ScheduleOptions
   // Cap on DP states per level. 0: derived from a work budget so planning
-  // stays well under a second; -1: unlimited (exact, may be very slow).
+  // stays well under a second; -1: exact (may be very slow; `budget` still
+  // bounds it).
   int max_states = 0;
+  // Hard limits on one PlanPipeline call; exceeding one fails it with
+  // RESOURCE_EXHAUSTED naming the limit.
+  struct Budget {
+    // States one enumeration of ideals may hold.
+    int64_t max_states = int64_t{2} << 20;
+    // Bytes of the state sets, subset lists and DP tables (estimated from
+    // their element counts before they are allocated).
+    int64_t max_bytes = int64_t{2} << 30;
+    // DP steps: one per (segment, last cut, unit count) candidate examined,
+    // a few nanoseconds each.
+    int64_t max_dp_steps = int64_t{20'000'000'000};
+  } budget;
   // Samples per mini-batch, only to express throughput in samples/s.
   double batch_size = 1;
 };
@@ -119,12 +144,15 @@ struct Plan {
   int num_states = 0;     // DP states at the final level
   bool exact = true;      // false if the state space was coarsened
   std::string search;     // how the state space was built
+  int64_t states_enumerated = 0;  // ideals visited, all attempts together
+  int64_t search_bytes = 0;  // state sets + subset lists + DP tables (est.)
+  int64_t dp_steps = 0;      // see PlannerOptions::Budget::max_dp_steps
   std::vector<std::string> notes;
 };
 
 // Plans `graph` (validated) on `cluster`. Fails with INVALID_ARGUMENT on bad
-// options and RESOURCE_EXHAUSTED when no plan fits in memory (the message
-// says what does not fit).
+// options and RESOURCE_EXHAUSTED when no plan fits in memory or the search
+// would exceed options.budget (the message says what does not fit).
 absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                                   const PlannerOptions& options);
 

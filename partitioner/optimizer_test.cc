@@ -1,6 +1,7 @@
 #include "partitioner/optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <random>
 #include <set>
@@ -358,6 +359,109 @@ TEST(OptimizerTest, RejectsBadInputs) {
   EXPECT_FALSE(MakeCluster(8, "4:1e9", "", "").ok());
   EXPECT_FALSE(MakeCluster(0, "4:x", "", "").ok());
   EXPECT_FALSE(MakeCluster(2, "", "", "1,2,3").ok());
+}
+
+// Issue 12: wide graphs (NASNet-style cells, 2,000-node layered DAGs with
+// wide cuts) whose ideals cannot be enumerated. The plan is valid, says it
+// is approximate, and what the search used stays within the bound the state
+// cap implies (counts, not time: bench/ has the timings).
+TEST(OptimizerTest, WideDagsPlanWithinTheStateBound) {
+  struct Case {
+    std::string name;
+    Graph graph;
+  };
+  const Case cases[] = {
+      {"nasnet1", SyntheticNasNet(1)},
+      {"nasnet2", SyntheticNasNet(2)},
+      {"layered2000/7", SyntheticLayeredDag(2000, 7)},
+      {"layered2000/8", SyntheticLayeredDag(2000, 8)},
+  };
+  for (const Case& c : cases) {
+    for (const char* levels : {"16:1e9", "4:300e9,4:25e9"}) {
+      for (CostModel model : {CostModel::kPipeDream, CostModel::kApapo}) {
+        SCOPED_TRACE(c.name + " " + levels + " " +
+                     std::string(CostModelName(model)));
+        absl::StatusOr<Cluster> cluster = MakeCluster(0, levels, "", "");
+        ASSERT_TRUE(cluster.ok());
+        PlannerOptions o;
+        o.cost_model = model;
+        absl::StatusOr<Plan> plan = PlanPipeline(c.graph, *cluster, o);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ExpectValidPlan(c.graph, *cluster, *plan);
+        EXPECT_FALSE(plan->exact);
+        EXPECT_NE(plan->search.find("topological order"), std::string::npos)
+            << plan->search;
+        // The automatic caps: 1,936 states on one level of 16, 300 on two.
+        const int64_t cap = cluster->levels.size() == 1 ? 1936 : 300;
+        EXPECT_LE(plan->num_states, cap);
+        // Exact attempt, one per branch-chain piece size (2, 4, ... n),
+        // the block DAG (twice the cap), its prefixes.
+        const int64_t attempts =
+            2 + static_cast<int64_t>(std::ceil(std::log2(c.graph.num_nodes())));
+        EXPECT_LE(plan->states_enumerated, (cap + 1) * attempts + 3 * cap + 1);
+        EXPECT_LE(plan->search_bytes, int64_t{128} << 20);
+        EXPECT_LE(plan->dp_steps, int64_t{200'000'000});
+        EXPECT_GT(plan->bottleneck_seconds, 0);
+        // No worse than one stage on one worker.
+        EXPECT_LE(plan->bottleneck_seconds, plan->single_worker_seconds);
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, ExceedingTheBudgetIsResourceExhaustedNamingTheLimit) {
+  const Graph g = SyntheticNasNet(1);
+  PlannerOptions exact = PipeDreamOptions();
+  exact.max_states = -1;
+  exact.budget.max_states = 5000;
+  absl::StatusOr<Plan> plan = PlanPipeline(g, Flat(16), exact);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("max_states 5000"), std::string::npos)
+      << plan.status();
+
+  PlannerOptions roomy_cap = PipeDreamOptions();
+  roomy_cap.max_states = 1000;
+  roomy_cap.budget.max_bytes = 1 << 20;
+  plan = PlanPipeline(g, Flat(16), roomy_cap);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("max_bytes 1048576"),
+            std::string::npos)
+      << plan.status();
+
+  PlannerOptions few_steps = PipeDreamOptions();
+  few_steps.budget.max_dp_steps = 100'000;
+  plan = PlanPipeline(SyntheticLayeredDag(2000, 7), Flat(16), few_steps);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("max_dp_steps 100000"),
+            std::string::npos)
+      << plan.status();
+
+  // A graph too large for per-layer bitsets under the byte budget (3 x 20,000
+  // layers x 313 words) goes straight to topological blocks; asking for the
+  // exact search of it fails.
+  const Graph chain = SyntheticChain(20000, 5);
+  PlannerOptions small_bytes = PipeDreamOptions();
+  small_bytes.budget.max_bytes = 64 << 20;
+  plan = PlanPipeline(chain, Flat(16), small_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->search.find("equal-compute blocks"), std::string::npos)
+      << plan->search;
+  EXPECT_LE(plan->search_bytes, 64 << 20);
+  small_bytes.max_states = -1;
+  plan = PlanPipeline(chain, Flat(16), small_bytes);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("per-layer bitsets"),
+            std::string::npos)
+      << plan.status();
+
+  // The default budget never binds on the real profiles.
+  absl::StatusOr<Plan> inception =
+      PlanPipeline(LoadProfile("inception_v3"), Flat(16), PipeDreamOptions());
+  ASSERT_TRUE(inception.ok()) << inception.status();
 }
 
 }  // namespace

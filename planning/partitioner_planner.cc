@@ -78,6 +78,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
 
   pt::PlannerOptions options;
   options.cost_model = pt::CostModel::kApapo;
+  options.budget = budget_;
   absl::StatusOr<apapo::schedule::ScheduleKind> kind =
       pt::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
   if (!kind.ok()) return kind.status();

@@ -9,19 +9,39 @@
 // (UNSPECIFIED) plans with the async schedule, whose DP also considers
 // replicating stages (one stage replicated everywhere is data parallelism).
 //
-// Thread-safety: stateless; MakePlan is reentrant.
+// Budget: every DP run of a MakePlan call (the plan, its layer-split trials,
+// the alternatives) is bounded by `budget` (default kCoordinatorBudget), so
+// a model whose search would outgrow it fails with RESOURCE_EXHAUSTED naming
+// the limit: the coordinator fails that job, not itself. With the default
+// state cap no DAG reaches it; it binds where the DP's memory-bound inner
+// loop or an extreme worker count would run long.
+//
+// Thread-safety: no mutable state; MakePlan is reentrant.
 #ifndef APAPO_PLANNING_PARTITIONER_PLANNER_H_
 #define APAPO_PLANNING_PARTITIONER_PLANNER_H_
 
+#include "partitioner/optimizer.h"
 #include "planning/planner.h"
 
 namespace apapo::planning {
 
+// At most 256 Ki states per enumeration, 512 MiB of search tables and 2e9
+// DP steps (a few seconds) per DP run.
+inline constexpr partitioner::PlannerOptions::Budget kCoordinatorBudget = {
+    int64_t{1} << 18, int64_t{512} << 20, int64_t{2'000'000'000}};
+
 class PartitionerPlanner : public Planner {
  public:
+  explicit PartitionerPlanner(
+      partitioner::PlannerOptions::Budget budget = kCoordinatorBudget)
+      : budget_(budget) {}
+
   absl::StatusOr<apapo::v1::Plan> MakePlan(
       const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
       const apapo::v1::ClusterSpec& cluster) override;
+
+ private:
+  const partitioner::PlannerOptions::Budget budget_;
 };
 
 }  // namespace apapo::planning

@@ -3,6 +3,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "partitioner/synthetic.h"
 
 namespace apapo::planning {
 namespace {
@@ -131,6 +132,72 @@ TEST(PartitionerPlannerTest, NothingFitsInMemoryIsResourceExhausted) {
   auto plan = planner.MakePlan(Spec(), ChainProfile(), cluster);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted)
       << plan.status();
+}
+
+// The measured profile a worker would report for `graph`.
+apapo::v1::ModelProfile ProfileOf(const partitioner::Graph& graph,
+                                  const std::string& model) {
+  apapo::v1::ModelProfile p;
+  p.set_model(model);
+  p.set_batch_size(32);
+  for (int v = 0; v < graph.num_nodes(); ++v) {
+    const partitioner::Node& node = graph.node(v);
+    auto* n = p.add_nodes();
+    n->set_id(node.id);
+    for (int q : graph.predecessors(v)) n->add_inputs(graph.node(q).id);
+    n->set_forward_seconds(node.forward_seconds);
+    n->set_backward_seconds(node.backward_seconds);
+    n->set_activation_bytes(node.activation_bytes);
+    n->set_parameter_bytes(node.parameter_bytes);
+  }
+  return p;
+}
+
+apapo::v1::ClusterSpec FlatCluster(int n) {
+  apapo::v1::ClusterSpec c;
+  for (int i = 0; i < n; ++i) {
+    auto* w = c.add_workers();
+    w->set_worker_id("w-" + std::to_string(i));
+    w->set_relative_speed(1.0);
+  }
+  auto* level = c.add_levels();
+  level->set_group_size(n);
+  level->set_bandwidth_bytes_per_second(10e9);
+  return c;
+}
+
+// The issue-12 shape submitted as a measured profile: planned (coarsened, and
+// the plan says so) rather than taking the coordinator down.
+TEST(PartitionerPlannerTest, PlansAWideNasNetStyleModelOnSixteenWorkers) {
+  PartitionerPlanner planner;
+  const partitioner::Graph graph = partitioner::SyntheticNasNet(1);
+  auto spec = Spec();
+  spec.mutable_schedule()->clear_micro_batches();
+  auto plan = planner.MakePlan(spec, ProfileOf(graph, "nasnet"), FlatCluster(16));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int nodes = 0, replicas = 0;
+  for (const auto& stage : plan->stages()) {
+    nodes += stage.node_ids_size();
+    replicas += stage.placement_size();
+  }
+  EXPECT_EQ(nodes, graph.num_nodes());
+  EXPECT_LE(replicas, 16);
+  EXPECT_THAT(plan->notes(),
+              testing::Contains(testing::HasSubstr("search: prefixes of a "
+                                                   "topological order")));
+}
+
+TEST(PartitionerPlannerTest, ExceedingTheBudgetIsResourceExhaustedNamingIt) {
+  partitioner::PlannerOptions::Budget budget = kCoordinatorBudget;
+  budget.max_dp_steps = 1000;
+  PartitionerPlanner planner(budget);
+  auto plan = planner.MakePlan(
+      Spec(), ProfileOf(partitioner::SyntheticLayeredDag(300, 1), "layered"),
+      FlatCluster(8));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted)
+      << plan.status();
+  EXPECT_THAT(std::string(plan.status().message()),
+              testing::HasSubstr("max_dp_steps 1000"));
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ class Planner {
  public:
   virtual ~Planner() = default;
   // A plan whose stages' placements name workers of `cluster` (one per
-  // replica). RESOURCE_EXHAUSTED when nothing fits in memory, with why.
+  // replica). RESOURCE_EXHAUSTED when nothing fits in memory or planning
+  // would exceed the planner's budget, with why.
   virtual absl::StatusOr<apapo::v1::Plan> MakePlan(
       const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
       const apapo::v1::ClusterSpec& cluster) = 0;
