@@ -76,6 +76,9 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   pt::Plan p;
   p.schedule = *kind;
   p.micro_batches = std::max(1, plan.micro_batches());
+  // The profile's figures are per mini-batch (profile.proto); the
+  // simulator's ops are micro-batches: 1/m of one each.
+  const double per_micro = 1.0 / p.micro_batches;
   for (int s = 0; s < plan.stages_size(); ++s) {
     const apapo::v1::Stage& stage = plan.stages(s);
     pt::StagePlan st;
@@ -92,8 +95,8 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
       }
       stage_of[v] = s;
       st.nodes.push_back(v);
-      st.forward_seconds += graph->node(v).forward_seconds;
-      st.backward_seconds += graph->node(v).backward_seconds;
+      st.forward_seconds += graph->node(v).forward_seconds * per_micro;
+      st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
     }
     st.output_bandwidth = bandwidth;
@@ -104,7 +107,8 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     if (stage_of[v] < 0) continue;
     for (int w : graph->successors(v)) {
       if (stage_of[w] > stage_of[v]) {
-        p.stages[stage_of[v]].output_bytes += graph->node(v).activation_bytes;
+        p.stages[stage_of[v]].output_bytes +=
+            graph->node(v).activation_bytes * per_micro;
         break;
       }
     }

@@ -5,8 +5,10 @@
 // The plan proto keeps stage node ids, not the partitioner's StagePlan, so
 // the simulator's inputs are rebuilt from the measured profile (split as
 // the plan says): per stage the summed forward/backward seconds, parameter
-// bytes, and the activations its nodes send to later stages; links at the
-// cluster's first level bandwidth (the simulator's contention-free model).
+// bytes, and the activations its nodes send to later stages, the per
+// mini-batch figures divided by the plan's micro-batches (the simulator's
+// ops are micro-batches); links at the cluster's first level bandwidth (the
+// simulator's contention-free model).
 //
 // Thread-safety: stateless; reentrant.
 #ifndef APAPO_PLANNING_SIMULATED_TRACE_H_
