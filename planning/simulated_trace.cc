@@ -1,6 +1,7 @@
 #include "planning/simulated_trace.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -142,8 +143,10 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     const bool per_batch = e.op.type != Op::kUpdate && e.op.type != Op::kAllReduce;
     span->set_micro_batch(per_batch ? e.op.micro_batch : -1);
     span->set_step(updates[key]);
-    span->set_start_ns(static_cast<int64_t>(e.start * 1e9));
-    span->set_duration_ns(static_cast<int64_t>((e.end - e.start) * 1e9));
+    // Rounded ends, not durations: a span ends where the next one starts.
+    const int64_t start_ns = std::llround(e.start * 1e9);
+    span->set_start_ns(start_ns);
+    span->set_duration_ns(std::llround(e.end * 1e9) - start_ns);
     if (e.op.type == Op::kUpdate) ++updates[key];
   }
   std::vector<apapo::v1::StageTrace> out;
