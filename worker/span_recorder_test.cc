@@ -116,3 +116,28 @@ TEST(SpanRecorderTest, PerOpCostIsSmall) {
 
 }  // namespace
 }  // namespace apapo::worker
+
+namespace apapo::worker {
+namespace {
+
+// A full default buffer, with the largest field values a long run gives,
+// fits a MetricsReport far below gRPC's 4 MiB limit.
+TEST(SpanRecorderTest, FullDefaultTraceFitsOneMessage) {
+  TraceOptions options;
+  SpanRecorder r(options, /*first_step=*/int64_t{1} << 40);
+  const int64_t step = (int64_t{1} << 40) + options.warmup_steps;
+  for (int64_t i = 0; i < options.max_spans + 10; ++i) {
+    r.Begin(apapo::v1::SPAN_KIND_ALL_REDUCE, int64_t{1} << 50, step);
+    r.End();
+  }
+  apapo::v1::MetricsReport m;
+  m.set_job_id("job-000001");
+  *m.mutable_trace() = r.Take();
+  m.mutable_trace()->set_worker_id(std::string(256, 'w'));
+  EXPECT_EQ(m.trace().spans_size(), options.max_spans);
+  EXPECT_EQ(m.trace().dropped_spans(), 10);
+  EXPECT_LT(m.ByteSizeLong(), 1u << 20) << m.ByteSizeLong();
+}
+
+}  // namespace
+}  // namespace apapo::worker
