@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/chrome_trace.h"
 #include "cli/spec_file.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/text_format.h"
@@ -338,7 +340,7 @@ int Apapoctl::Run(const std::vector<std::string>& args,
   };
   if (args.empty()) {
     err_ << "apapoctl: no command; one of submit, list, get, watch, cancel, "
-            "plan, workers (see --help)\n";
+            "plan, trace, workers (see --help)\n";
     return kExitUsage;
   }
   const std::string& cmd = args[0];
@@ -351,9 +353,10 @@ int Apapoctl::Run(const std::vector<std::string>& args,
   if (cmd == "watch") return need(1) ? Watch(args[1], interactive) : kExitUsage;
   if (cmd == "cancel") return need(1) ? Cancel(args[1]) : kExitUsage;
   if (cmd == "plan") return need(1) ? Plan(args[1]) : kExitUsage;
+  if (cmd == "trace") return need(1) ? Trace(args[1]) : kExitUsage;
   if (cmd == "workers") return need(0) ? Workers() : kExitUsage;
   err_ << "apapoctl: unknown command \"" << cmd
-       << "\"; one of submit, list, get, watch, cancel, plan, workers\n";
+       << "\"; one of submit, list, get, watch, cancel, plan, trace, workers\n";
   return kExitUsage;
 }
 
@@ -512,6 +515,41 @@ int Apapoctl::Plan(const std::string& id) {
       jobs_->GetPlan(Context().get(), request, &response);
   if (!status.ok()) return Fail("plan " + id, FromGrpcStatus(status));
   out_ << FormatPlan(response);
+  return kExitOk;
+}
+
+int Apapoctl::Trace(const std::string& id) {
+  apapo::v1::GetTraceRequest request;
+  request.set_job_id(id);
+  apapo::v1::GetTraceResponse response;
+  grpc::Status status = jobs_->GetTrace(Context().get(), request, &response);
+  if (!status.ok()) return Fail("trace " + id, FromGrpcStatus(status));
+  const std::string json = ChromeTraceJson(response);
+  if (trace_out_.empty()) {
+    out_ << json;
+  } else {
+    std::ofstream file(trace_out_, std::ios::binary | std::ios::trunc);
+    file << json;
+    file.close();
+    if (!file) {
+      err_ << "apapoctl: trace " << id << ": cannot write " << trace_out_ << "\n";
+      return kExitError;
+    }
+    int spans = 0;
+    for (const auto& t : response.stages()) spans += t.spans_size();
+    out_ << "wrote " << trace_out_ << ": " << response.stages_size()
+         << " measured stage replica(s), " << spans << " span(s); "
+         << response.simulated_size() << " simulated";
+    if (!response.simulated_note().empty()) {
+      out_ << " (" << response.simulated_note() << ")";
+    }
+    out_ << "\n";
+  }
+  if (response.stages_size() == 0) {
+    err_ << "apapoctl: trace " << id << ": no stage has sent its measured "
+            "timeline yet (a stage sends it after its warm-up and window "
+            "steps)\n";
+  }
   return kExitOk;
 }
 

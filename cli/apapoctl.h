@@ -7,6 +7,8 @@
 //   watch JOB               live progress until the job ends
 //   cancel JOB              stop a job and free its workers
 //   plan JOB                the stage table: predictions next to measurements
+//   trace JOB               Chrome trace JSON: measured spans per stage next
+//                           to the simulated timeline (--out=FILE)
 //   workers                 registered workers and their states
 //
 // Exit codes (kExit*): what happened, so scripts can branch on them.
@@ -72,6 +74,8 @@ class Apapoctl {
 
   // Every call carries "authorization: Bearer `token`" (none when empty).
   void SetToken(std::string token) { token_ = std::move(token); }
+  // Where `trace` writes its JSON; empty = the output stream.
+  void SetTraceOut(std::string path) { trace_out_ = std::move(path); }
 
   // Runs `args` (command and its operands); returns the exit code.
   int Run(const std::vector<std::string>& args,
@@ -86,6 +90,7 @@ class Apapoctl {
   int Watch(const std::string& id, bool interactive);
   int Cancel(const std::string& id);
   int Plan(const std::string& id);
+  int Trace(const std::string& id);
   int Workers();
   // A call's context: the timeout as its deadline (unless not
   // `with_deadline`) and the bearer token.
@@ -100,6 +105,7 @@ class Apapoctl {
   const absl::Duration timeout_;
   const absl::Duration reconnect_for_;
   std::string token_;
+  std::string trace_out_;
 };
 
 }  // namespace apapo::cli

@@ -321,3 +321,40 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
 
 }  // namespace
 }  // namespace apapo::cli
+
+namespace apapo::cli {
+namespace {
+
+TEST_F(ApapoctlTest, TraceWritesChromeJsonToStdoutOrAFile) {
+  EXPECT_EQ(Run({"trace", "job-000009"}), kExitNotFound);
+  EXPECT_THAT(err_.str(), HasSubstr("trace job-000009"));
+  EXPECT_EQ(Run({"trace"}), kExitUsage);
+
+  ASSERT_EQ(Run({"submit", WriteFile("trace.textproto", kSpec)}), kExitOk);
+  apapo::v1::StageTrace t;
+  t.set_stage(0);
+  t.set_worker_id("w-1");
+  apapo::v1::TraceSpan* s = t.add_spans();
+  s->set_kind(apapo::v1::SPAN_KIND_FORWARD);
+  s->set_duration_ns(2500);
+  ASSERT_TRUE(jobs_.AddStageTrace("job-000001", t).ok());
+  ASSERT_EQ(Run({"trace", "job-000001"}), kExitOk) << err_.str();
+  EXPECT_THAT(out_.str(), StartsWith("{\"displayTimeUnit\""));
+  EXPECT_THAT(out_.str(), HasSubstr("\"name\":\"forward\""));
+  EXPECT_THAT(out_.str(), HasSubstr("\"dur\":2.500"));
+
+  const std::string path = WriteFile("trace.json", "");
+  out_.str("");
+  Apapoctl ctl(job_stub_.get(), worker_stub_.get(), out_, err_, absl::Seconds(10));
+  ctl.SetTraceOut(path);
+  ASSERT_EQ(ctl.Run({"trace", "job-000001"}, {}, false, false), kExitOk);
+  EXPECT_THAT(out_.str(), StartsWith("wrote " + path + ": 1 measured stage "
+                                     "replica(s), 1 span(s); 0 simulated ("));
+  std::ifstream in(path);
+  std::stringstream json;
+  json << in.rdbuf();
+  EXPECT_THAT(json.str(), HasSubstr("stage 0 replica 0 (rank 0, w-1)"));
+}
+
+}  // namespace
+}  // namespace apapo::cli

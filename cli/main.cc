@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, schedule, "",
           "1f1b_flush, dp).");
 ABSL_FLAG(int, micro_batches, 0, "submit: override spec.schedule.micro_batches.");
 ABSL_FLAG(int, batch_size, 0, "submit: override spec.data.batch_size.");
+ABSL_FLAG(std::string, out, "",
+          "trace: write the Chrome trace JSON to this file (default: stdout).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -47,6 +49,11 @@ int main(int argc, char** argv) {
       "  watch JOB     live progress until the job ends (exit 0 = succeeded)\n"
       "  cancel JOB    stop a job and free its workers\n"
       "  plan JOB      the stage table with predictions and measurements\n"
+      "  trace JOB     Chrome trace JSON (chrome://tracing, ui.perfetto.dev):\n"
+      "                each stage's measured forward/backward/send/recv/\n"
+      "                all-reduce/optimizer spans over a few steps after\n"
+      "                warm-up, on its own clock from 0, beside the\n"
+      "                simulator's timeline of the plan; --out=FILE\n"
       "  workers       registered workers\n"
       "Exit codes: 0 ok, 1 job failed/cancelled, 2 usage or invalid spec, "
       "3 coordinator unavailable, 4 not found, 5 refused in this state, "
@@ -92,5 +99,6 @@ int main(int argc, char** argv) {
     }
     ctl.SetToken(token);
   }
+  ctl.SetTraceOut(absl::GetFlag(FLAGS_out));
   return ctl.Run(args, o, absl::GetFlag(FLAGS_watch), isatty(STDOUT_FILENO));
 }

@@ -254,6 +254,46 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id,
   return job;
 }
 
+absl::Status JobManager::AddStageTrace(const std::string& job_id,
+                                      apapo::v1::StageTrace trace) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  auto it = traces_.find(job_id);
+  if (it == traces_.end()) {
+    while (static_cast<int>(traced_jobs_.size()) >= kMaxTracedJobs) {
+      traces_.erase(traced_jobs_.front());
+      traced_jobs_.pop_front();
+    }
+    traced_jobs_.push_back(job_id);
+    it = traces_.emplace(job_id, decltype(it->second)()).first;
+  }
+  const std::pair<int, int> key(trace.stage(), trace.replica());
+  int64_t spans = trace.spans_size();
+  for (const auto& [k, t] : it->second) {
+    if (k != key) spans += t.spans_size();
+  }
+  if (spans > kMaxTraceSpans) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        job_id, ": stage ", key.first, " replica ", key.second, "'s trace: ",
+        spans, " spans in all, more than ", kMaxTraceSpans));
+  }
+  it->second[key] = std::move(trace);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<apapo::v1::StageTrace>> JobManager::StageTraces(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = Find(job_id);
+  if (!entry.ok()) return entry.status();
+  std::vector<apapo::v1::StageTrace> out;
+  auto it = traces_.find(job_id);
+  if (it == traces_.end()) return out;
+  for (const auto& [key, trace] : it->second) out.push_back(trace);
+  return out;
+}
+
 absl::StatusOr<apapo::v1::GetPlanResponse> JobManager::GetPlan(
     const std::string& job_id) {
   absl::MutexLock lock(&mu_);

@@ -21,6 +21,7 @@
 #define APAPO_COORDINATOR_JOB_MANAGER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -89,6 +90,11 @@ class JobManager {
   // FAILED_PRECONDITION until SetPlan was called for the job.
   absl::StatusOr<apapo::v1::GetPlanResponse> GetPlan(const std::string& job_id);
 
+  // The measured timelines the job's stage replicas sent (AddStageTrace),
+  // by stage and replica; empty when none has. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<apapo::v1::StageTrace>> StageTraces(
+      const std::string& job_id);
+
   // Returns as soon as the job's change counter exceeds `seen_version`, or at
   // `deadline` (then `version` == seen_version). Events are those with
   // sequence > `after_sequence`.
@@ -123,6 +129,14 @@ class JobManager {
                               const apapo::v1::JobProgress& progress);
   // Saves every progress change not yet saved, in one transaction, now.
   absl::Status FlushProgress();
+  // Keeps a stage replica's measured timeline (MetricsReport.trace), in
+  // memory only: the newest per (stage, replica), at most kMaxTraceSpans
+  // spans per job (a trace past that is refused: RESOURCE_EXHAUSTED), for
+  // the kMaxTracedJobs jobs traced most recently (the oldest's go first).
+  absl::Status AddStageTrace(const std::string& job_id,
+                             apapo::v1::StageTrace trace);
+  static constexpr int kMaxTracedJobs = 32;
+  static constexpr int kMaxTraceSpans = 64 * 4096;
 
   // Ids of queued jobs, oldest first.
   std::vector<std::string> QueuedJobs();
@@ -177,6 +191,11 @@ class JobManager {
   // Jobs whose progress changed since the last batch was written.
   std::set<std::string> dirty_progress_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // AddStageTrace's: (stage, replica) -> trace per job, and the jobs in the
+  // order their first trace came.
+  std::map<std::string, std::map<std::pair<int, int>, apapo::v1::StageTrace>>
+      traces_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> traced_jobs_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

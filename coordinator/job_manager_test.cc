@@ -307,3 +307,33 @@ TEST_F(JobManagerTest, ListPagesStayUnderTheReplyLimitWhateverTheSpecs) {
 
 }  // namespace
 }  // namespace apapo::coordinator
+
+namespace apapo::coordinator {
+namespace {
+
+TEST_F(JobManagerTest, StageTracesAreBoundedPerJobAndInJobs) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < JobManager::kMaxTracedJobs + 1; ++i) {
+    auto job = jobs_.Submit(ValidSpec());
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id());
+    apapo::v1::StageTrace t;
+    t.add_spans();
+    ASSERT_TRUE(jobs_.AddStageTrace(job->id(), t).ok());
+  }
+  // The oldest traced job's traces went first; the job itself stays.
+  EXPECT_TRUE(jobs_.StageTraces(ids.front())->empty());
+  EXPECT_EQ(jobs_.StageTraces(ids.back())->size(), 1u);
+  // Too many spans for one job: refused, what was kept stays.
+  apapo::v1::StageTrace big;
+  big.set_stage(1);
+  for (int i = 0; i < JobManager::kMaxTraceSpans; ++i) big.add_spans();
+  absl::Status st = jobs_.AddStageTrace(ids.back(), big);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(jobs_.StageTraces(ids.back())->size(), 1u);
+  EXPECT_EQ(jobs_.StageTraces("job-999999").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace apapo::coordinator

@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "coordinator/call_access.h"
+#include "planning/simulated_trace.h"
 
 namespace apapo::coordinator {
 
@@ -89,6 +90,39 @@ grpc::Status JobServiceImpl::GetPlan(grpc::ServerContext* context,
       jobs_->GetPlan(request->job_id());
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   *response = std::move(*plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetTrace(grpc::ServerContext* context,
+                                      const apapo::v1::GetTraceRequest* request,
+                                      apapo::v1::GetTraceResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(context, Role::kRead, "GetTrace");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  constexpr int kDefaultSteps = 3, kMaxSteps = 50;
+  if (request->simulated_steps() < 0 || request->simulated_steps() > kMaxSteps) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "simulated_steps: ", request->simulated_steps(), " is outside 0..",
+        kMaxSteps)));
+  }
+  absl::StatusOr<std::vector<apapo::v1::StageTrace>> measured =
+      jobs_->StageTraces(request->job_id());
+  if (!measured.ok()) return ToGrpcStatus(measured.status());
+  for (auto& t : *measured) *response->add_stages() = std::move(t);
+  absl::StatusOr<apapo::v1::GetPlanResponse> plan = jobs_->GetPlan(request->job_id());
+  if (!plan.ok()) {
+    response->set_simulated_note(std::string(plan.status().message()));
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<std::vector<apapo::v1::StageTrace>> simulated =
+      planning::SimulatedTrace(*plan, request->simulated_steps() > 0
+                                          ? request->simulated_steps()
+                                          : kDefaultSteps);
+  if (!simulated.ok()) {
+    response->set_simulated_note(
+        absl::StrCat("simulation: ", simulated.status().message()));
+    return grpc::Status::OK;
+  }
+  for (auto& t : *simulated) *response->add_simulated() = std::move(t);
   return grpc::Status::OK;
 }
 

@@ -45,6 +45,9 @@ class JobServiceImpl final : public apapo::v1::JobService::Service {
   grpc::Status GetPlan(grpc::ServerContext* context,
                        const apapo::v1::GetPlanRequest* request,
                        apapo::v1::GetPlanResponse* response) override;
+  grpc::Status GetTrace(grpc::ServerContext* context,
+                        const apapo::v1::GetTraceRequest* request,
+                        apapo::v1::GetTraceResponse* response) override;
   grpc::Status WatchJob(
       grpc::ServerContext* context, const apapo::v1::WatchJobRequest* request,
       grpc::ServerWriter<apapo::v1::WatchJobResponse>* writer) override;

@@ -160,3 +160,51 @@ TEST_F(JobServiceTest, WatchUnknownJobIsNotFound) {
 
 }  // namespace
 }  // namespace apapo::coordinator
+
+namespace apapo::coordinator {
+namespace {
+
+TEST_F(JobServiceTest, GetTraceServesStoredTracesAndRefuses) {
+  apapo::v1::GetTraceRequest request;
+  apapo::v1::GetTraceResponse response;
+  grpc::Status status = stub_->GetTrace(Context().get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("job_id"));
+  request.set_job_id("job-424242");
+  status = stub_->GetTrace(Context().get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("job-424242"));
+
+  apapo::v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(stub_->SubmitJob(Context().get(), Request(kSpec), &submitted).ok());
+  const std::string id = submitted.job().id();
+  request.set_job_id(id);
+  request.set_simulated_steps(51);
+  status = stub_->GetTrace(Context().get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("simulated_steps"));
+  request.set_simulated_steps(0);
+
+  // Before any trace and any plan: empty, with why there is no simulation.
+  ASSERT_TRUE(stub_->GetTrace(Context().get(), request, &response).ok());
+  EXPECT_EQ(response.stages_size(), 0);
+  EXPECT_EQ(response.simulated_size(), 0);
+  EXPECT_THAT(response.simulated_note(), HasSubstr("no plan yet"));
+
+  // Stored traces come back by stage; a newer one of a stage replaces it.
+  for (int stage : {1, 0, 1}) {
+    apapo::v1::StageTrace t;
+    t.set_stage(stage);
+    t.add_spans()->set_kind(apapo::v1::SPAN_KIND_FORWARD);
+    ASSERT_TRUE(jobs_.AddStageTrace(id, t).ok());
+  }
+  response.Clear();
+  ASSERT_TRUE(stub_->GetTrace(Context().get(), request, &response).ok());
+  ASSERT_EQ(response.stages_size(), 2);
+  EXPECT_EQ(response.stages(0).stage(), 0);
+  EXPECT_EQ(response.stages(1).stage(), 1);
+  EXPECT_FALSE(jobs_.AddStageTrace("job-424242", {}).ok());
+}
+
+}  // namespace
+}  // namespace apapo::coordinator

@@ -779,6 +779,17 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
   // The stream the report came on says which worker sent it (stage
   // processes leave worker_id empty): the per-worker series need it, or two
   // replicas of one stage would share their labels.
+  // A stage's measured timeline comes alone (metrics.proto): kept for
+  // GetTrace, whichever attempt measured it; no counters in it.
+  if (in.has_trace()) {
+    apapo::v1::StageTrace trace = in.trace();
+    trace.set_worker_id(worker_id);
+    if (absl::Status st = jobs_->AddStageTrace(a.id, std::move(trace));
+        !st.ok()) {
+      std::cerr << "apapo-coordinator: dropped a trace: " << st.message() << "\n";
+    }
+    return;
+  }
   // Reports of a stopped attempt's stages are not this attempt's.
   if (a.phase != Phase::kRunning && a.phase != Phase::kAdopting) return;
   apapo::v1::MetricsReport report = in;

@@ -82,6 +82,8 @@ struct StageExecutor::Impl {
   std::vector<BackwardRecord> records;
   ProgressTracker progress;
   double last_accuracy = -1;
+  // The measured timeline's window (made once training starts).
+  std::unique_ptr<SpanRecorder> spans;
 
   const StageLayout& layout() const { return *context.layout; }
   Transport* transport() const { return context.transport; }
@@ -146,6 +148,7 @@ struct StageExecutor::Impl {
     sources.erase(it);
     auto bytes = transport()->Recv(src, MessageTag(phase, j));
     report.idle_seconds += Lap(t);
+    spans->Split(apapo::v1::SPAN_KIND_RECV);
     if (!bytes.ok()) {
       return Fail(absl::StrCat("receiving ", what, " of micro-batch ", j),
                   bytes.status());
@@ -421,6 +424,10 @@ struct StageExecutor::Impl {
     Op op;
     while (program->Next(&op)) {
       absl::Status st;
+      const apapo::v1::SpanKind kind = SpanKindOf(op.type);
+      if (kind != apapo::v1::SPAN_KIND_UNSPECIFIED) {
+        spans->Begin(kind, op.micro_batch, global_step);
+      }
       switch (op.type) {
         case Op::kRecvActivations:
         case Op::kRecvGradients:
@@ -451,10 +458,37 @@ struct StageExecutor::Impl {
               absl::StrCat(context.label, ": training program has op RR"));
           break;
       }
+      spans->End();
       if (!st.ok()) return st;
+      if (op.type == Op::kUpdate && spans->Complete(global_step)) ShipTrace();
     }
     report.train_seconds += absl::ToDoubleSeconds(absl::Now() - start);
     return absl::OkStatus();
+  }
+
+  // The span a training op is recorded as; posting a receive is not one
+  // (its wait is: the RECV part of the forward or backward that takes it).
+  static apapo::v1::SpanKind SpanKindOf(Op::Type type) {
+    switch (type) {
+      case Op::kForward: return apapo::v1::SPAN_KIND_FORWARD;
+      case Op::kBackward: return apapo::v1::SPAN_KIND_BACKWARD;
+      case Op::kSendActivations:
+      case Op::kSendGradients: return apapo::v1::SPAN_KIND_SEND;
+      case Op::kAllReduce: return apapo::v1::SPAN_KIND_ALL_REDUCE;
+      case Op::kUpdate: return apapo::v1::SPAN_KIND_OPTIMIZER;
+      case Op::kFlush: return apapo::v1::SPAN_KIND_FLUSH;
+      default: return apapo::v1::SPAN_KIND_UNSPECIFIED;
+    }
+  }
+
+  // Hands the window's spans to the observer (once).
+  void ShipTrace() {
+    apapo::v1::StageTrace trace = spans->Take();
+    if (config.observer == nullptr || trace.spans_size() == 0) return;
+    trace.set_stage(config.stage);
+    trace.set_replica(config.replica);
+    trace.set_rank(report.rank);
+    config.observer->OnTrace(trace);
   }
 
   bool ReportsProgress() const {
@@ -584,6 +618,8 @@ struct StageExecutor::Impl {
   // run's.
   absl::Status Run() {
     absl::Status st = Train();
+    // A run shorter than its window sends what it recorded.
+    if (st.ok() && spans != nullptr && !spans->empty()) ShipTrace();
     if (checkpoint_writer != nullptr) {
       absl::Time t = absl::Now();
       absl::Status written = checkpoint_writer->Wait();
@@ -597,6 +633,7 @@ struct StageExecutor::Impl {
 
   absl::Status Train() {
     if (absl::Status st = MaybeResume(); !st.ok()) return st;
+    spans = std::make_unique<SpanRecorder>(config.trace, global_step);
     progress.Start(absl::Now());
     const int64_t every =
         config.checkpoint.store == nullptr ? 0 : config.checkpoint.every_steps;

@@ -8,7 +8,9 @@
 //                                         their writing in the background;
 //   Evaluator (evaluator.h)               test accuracy, by the schedule's
 //                                         evaluation program;
-//   StageObserver (stage_observer.h)      counters and progress, out.
+//   StageObserver (stage_observer.h)      counters and progress, out;
+//   SpanRecorder (span_recorder.h)        the op spans of a window of
+//                                         steps (the measured timeline).
 //
 // Per op (j = global micro-batch, v = weight version; transfers name their
 // peer replica, the executor maps it to a rank):
@@ -52,6 +54,7 @@
 #include "worker/checkpoint_store.h"
 #include "worker/data.h"
 #include "worker/model_graph.h"
+#include "worker/span_recorder.h"
 #include "worker/stage_observer.h"
 #include "worker/transport.h"
 
@@ -124,6 +127,10 @@ struct ExecutorConfig {
   // 0) every `progress_every` steps and after each evaluation. May be null.
   StageObserver* observer = nullptr;
   int64_t progress_every = 50;
+  // The measured timeline (span_recorder.h): a window of steps after
+  // warm-up, handed to observer->OnTrace once it completes (or when a
+  // shorter run ends). steps = 0: off.
+  TraceOptions trace;
   ExecutorTestHooks test;
 };
 

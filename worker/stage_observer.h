@@ -71,6 +71,9 @@ class StageObserver {
   // The last stage's replica 0, every `progress_every` steps and after each
   // evaluation.
   virtual void OnProgress(const TrainingProgress& progress) {}
+  // Every replica, once: the op spans of its trace window (stage, replica
+  // and rank set), when the window completes or a shorter run ends.
+  virtual void OnTrace(const apapo::v1::StageTrace& trace) {}
 };
 
 // The last stage's running figures behind TrainingProgress: the mean of the

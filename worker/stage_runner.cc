@@ -122,6 +122,16 @@ class ProgressReporter : public StageObserver {
     report_(m);
   }
 
+  // The trace window's spans, in a report of their own (metrics.proto's
+  // MetricsReport.trace): job_id and the trace, nothing else.
+  void OnTrace(const apapo::v1::StageTrace& trace) override {
+    if (!report_) return;
+    MetricsReport m;
+    m.set_job_id(job_id_);
+    *m.mutable_trace() = trace;
+    report_(m);
+  }
+
   MetricsReport Base(const TrainingProgress& p) const {
     MetricsReport m;
     m.set_job_id(job_id_);

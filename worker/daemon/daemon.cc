@@ -254,7 +254,10 @@ void WorkerDaemon::Train(const apapo::v1::AssignStage& assign) {
         {
           absl::MutexLock lock(&jobs_mu_);
           auto it = trainings_.find(job);
-          if (it != trainings_.end()) it->second.step = report.step();
+          // A trace-only report (MetricsReport.trace) carries no step.
+          if (it != trainings_.end() && !report.has_trace()) {
+            it->second.step = report.step();
+          }
         }
         WorkerMessage m;
         *m.mutable_metrics() = report;

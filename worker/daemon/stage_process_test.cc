@@ -3,6 +3,7 @@
 
 #include "worker/daemon/stage_process.h"
 
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,13 +29,20 @@ TEST(RunAssignmentTest, TwoStagesTrainOverARealStore) {
   absl::Status status[2];
   apapo::v1::MetricsReport final_metrics[2];
   std::vector<apapo::v1::MetricsReport> reports[2];
+  std::vector<apapo::v1::StageTrace> traces[2];
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
       status[rank] = RunAssignment(
           Assignment("job-1", spec, plan, rank, (*store)->port()),
           [&, rank](const apapo::v1::MetricsReport& m) {
-            reports[rank].push_back(m);
+            if (m.has_trace()) {
+              EXPECT_EQ(m.job_id(), "job-1");
+              EXPECT_FALSE(m.has_stage());  // a trace comes alone
+              traces[rank].push_back(m.trace());
+            } else {
+              reports[rank].push_back(m);
+            }
           },
           &final_metrics[rank]);
     });
@@ -42,6 +50,32 @@ TEST(RunAssignmentTest, TwoStagesTrainOverARealStore) {
   for (auto& t : ranks) t.join();
   ASSERT_TRUE(status[0].ok()) << status[0];
   ASSERT_TRUE(status[1].ok()) << status[1];
+
+  // Each stage sent its measured window once: steps [2, 5) after warm-up,
+  // every kind of op a pipeline stage runs, spans in order, none overlapping.
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(traces[rank].size(), 1u) << rank;
+    const apapo::v1::StageTrace& t = traces[rank][0];
+    EXPECT_EQ(t.stage(), rank);
+    EXPECT_EQ(t.rank(), rank);
+    EXPECT_EQ(t.first_step(), 2);
+    EXPECT_EQ(t.end_step(), 5);
+    EXPECT_EQ(t.dropped_spans(), 0);
+    std::set<apapo::v1::SpanKind> kinds;
+    int64_t end = 0;
+    for (const auto& s : t.spans()) {
+      kinds.insert(s.kind());
+      EXPECT_GE(s.start_ns(), end);
+      EXPECT_GE(s.step(), 2);
+      EXPECT_LT(s.step(), 5);
+      end = s.start_ns() + s.duration_ns();
+    }
+    for (auto kind : {apapo::v1::SPAN_KIND_FORWARD, apapo::v1::SPAN_KIND_BACKWARD,
+                      apapo::v1::SPAN_KIND_SEND, apapo::v1::SPAN_KIND_RECV,
+                      apapo::v1::SPAN_KIND_OPTIMIZER}) {
+      EXPECT_TRUE(kinds.count(kind)) << rank << " " << apapo::v1::SpanKind_Name(kind);
+    }
+  }
 
   // 512 samples / batch 32 = 16 steps per epoch, 2 epochs.
   for (int rank = 0; rank < 2; ++rank) {

@@ -1,0 +1,161 @@
+#include "planning/simulated_trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "partitioner/cluster.h"
+#include "partitioner/graph.h"
+#include "partitioner/optimizer.h"
+#include "partitioner/plan_proto.h"
+#include "partitioner/simulator.h"
+
+namespace apapo::planning {
+namespace {
+
+namespace pt = apapo::partitioner;
+using apapo::schedule::Op;
+
+apapo::v1::SpanKind KindOf(Op::Type type) {
+  switch (type) {
+    case Op::kForward: return apapo::v1::SPAN_KIND_FORWARD;
+    case Op::kBackward: return apapo::v1::SPAN_KIND_BACKWARD;
+    case Op::kSendActivations:
+    case Op::kSendGradients: return apapo::v1::SPAN_KIND_SEND;
+    case Op::kAllReduce: return apapo::v1::SPAN_KIND_ALL_REDUCE;
+    case Op::kUpdate: return apapo::v1::SPAN_KIND_OPTIMIZER;
+    default: return apapo::v1::SPAN_KIND_UNSPECIFIED;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
+    const apapo::v1::GetPlanResponse& response, int steps) {
+  const apapo::v1::Plan& plan = response.plan();
+  if (plan.stages_size() == 0) {
+    return absl::FailedPreconditionError("the plan has no stages");
+  }
+  apapo::v1::ModelProfile profile = response.profile();
+  if (plan.splits_size() > 0) {
+    std::vector<std::pair<std::string, int>> splits;
+    for (const auto& s : plan.splits()) splits.emplace_back(s.node_id(), s.parts());
+    absl::StatusOr<apapo::v1::ModelProfile> split = pt::SplitProfile(profile, splits);
+    if (!split.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the plan's splits: ", split.status().message()));
+    }
+    profile = *std::move(split);
+  }
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  if (!graph.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("measured profile: ", graph.status().message()));
+  }
+  absl::StatusOr<apapo::schedule::ScheduleKind> kind =
+      pt::ScheduleFromProto(plan.schedule(), "plan.schedule");
+  if (!kind.ok()) return kind.status();
+
+  const apapo::v1::ClusterSpec& spec = response.cluster();
+  double bandwidth = pt::kDefaultBandwidth;
+  if (spec.levels_size() > 0 && spec.levels(0).bandwidth_bytes_per_second() > 0) {
+    bandwidth = spec.levels(0).bandwidth_bytes_per_second();
+  }
+  pt::Cluster cluster;
+  std::map<std::string, int> worker_index;
+  for (const auto& w : spec.workers()) {
+    worker_index[w.worker_id()] = static_cast<int>(cluster.speeds.size());
+    cluster.speeds.push_back(w.relative_speed() > 0 ? w.relative_speed() : 1.0);
+  }
+  cluster.levels = {pt::Level{std::max<int>(1, cluster.speeds.size()), bandwidth}};
+  if (cluster.speeds.empty()) cluster.speeds.push_back(1.0);
+
+  std::vector<int> stage_of(graph->num_nodes(), -1);
+  pt::Plan p;
+  p.schedule = *kind;
+  p.micro_batches = std::max(1, plan.micro_batches());
+  // The profile's figures are per mini-batch (profile.proto); the
+  // simulator's ops are micro-batches: 1/m of one each.
+  const double per_micro = 1.0 / p.micro_batches;
+  for (int s = 0; s < plan.stages_size(); ++s) {
+    const apapo::v1::Stage& stage = plan.stages(s);
+    pt::StagePlan st;
+    st.replicas = std::max(1, stage.replicas());
+    for (const auto& replica : stage.placement()) {
+      auto it = worker_index.find(replica.worker_id());
+      st.workers.push_back(it == worker_index.end() ? 0 : it->second);
+    }
+    for (const std::string& id : stage.node_ids()) {
+      const int v = graph->FindNode(id);
+      if (v < 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "plan stage ", s, " names node \"", id, "\", not in the profile"));
+      }
+      stage_of[v] = s;
+      st.nodes.push_back(v);
+      st.forward_seconds += graph->node(v).forward_seconds * per_micro;
+      st.backward_seconds += graph->node(v).backward_seconds * per_micro;
+      st.parameter_bytes += graph->node(v).parameter_bytes;
+    }
+    st.output_bandwidth = bandwidth;
+    st.allreduce_bandwidth = bandwidth;
+    p.stages.push_back(std::move(st));
+  }
+  for (int v = 0; v < graph->num_nodes(); ++v) {
+    if (stage_of[v] < 0) continue;
+    for (int w : graph->successors(v)) {
+      if (stage_of[w] > stage_of[v]) {
+        p.stages[stage_of[v]].output_bytes +=
+            graph->node(v).activation_bytes * per_micro;
+        break;
+      }
+    }
+  }
+
+  pt::SimulationOptions options;
+  options.iterations = std::max(2, steps);
+  options.micro_batches = p.micro_batches;
+  options.max_in_flight = plan.in_flight();
+  options.record_trace = true;
+  absl::StatusOr<pt::SimulationResult> result =
+      pt::Simulate(p, cluster, *kind, options);
+  if (!result.ok()) return result.status();
+
+  std::map<std::pair<int, int>, apapo::v1::StageTrace> traces;
+  std::map<std::pair<int, int>, int64_t> updates;
+  std::vector<pt::TraceEvent> events = result->trace;
+  std::stable_sort(events.begin(), events.end(),
+                   [](const pt::TraceEvent& a, const pt::TraceEvent& b) {
+                     return a.start < b.start;
+                   });
+  for (const pt::TraceEvent& e : events) {
+    const apapo::v1::SpanKind span_kind = KindOf(e.op.type);
+    if (span_kind == apapo::v1::SPAN_KIND_UNSPECIFIED) continue;
+    const std::pair<int, int> key(e.stage, e.replica);
+    apapo::v1::StageTrace& t = traces[key];
+    t.set_stage(e.stage);
+    t.set_replica(e.replica);
+    apapo::v1::TraceSpan* span = t.add_spans();
+    span->set_kind(span_kind);
+    const bool per_batch = e.op.type != Op::kUpdate && e.op.type != Op::kAllReduce;
+    span->set_micro_batch(per_batch ? e.op.micro_batch : -1);
+    span->set_step(updates[key]);
+    // Rounded ends, not durations: a span ends where the next one starts.
+    const int64_t start_ns = std::llround(e.start * 1e9);
+    span->set_start_ns(start_ns);
+    span->set_duration_ns(std::llround(e.end * 1e9) - start_ns);
+    if (e.op.type == Op::kUpdate) ++updates[key];
+  }
+  std::vector<apapo::v1::StageTrace> out;
+  for (auto& [key, t] : traces) {
+    t.set_first_step(0);
+    t.set_end_step(options.iterations);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace apapo::planning

@@ -1,0 +1,32 @@
+// SimulatedTrace: the simulator's timeline (partitioner/simulator.h) of a
+// job's stored plan, as the StageTraces a stage measures (one per stage
+// replica, spans from 0), to set beside the measured ones (GetTrace).
+//
+// The plan proto keeps stage node ids, not the partitioner's StagePlan, so
+// the simulator's inputs are rebuilt from the measured profile (split as
+// the plan says): per stage the summed forward/backward seconds, parameter
+// bytes, and the activations its nodes send to later stages, the per
+// mini-batch figures divided by the plan's micro-batches (the simulator's
+// ops are micro-batches); links at the cluster's first level bandwidth (the
+// simulator's contention-free model).
+//
+// Thread-safety: stateless; reentrant.
+#ifndef APAPO_PLANNING_SIMULATED_TRACE_H_
+#define APAPO_PLANNING_SIMULATED_TRACE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/apapo/v1/metrics.pb.h"
+#include "proto/apapo/v1/service.pb.h"
+
+namespace apapo::planning {
+
+// `steps` optimizer steps (at least 2). FAILED_PRECONDITION when the plan
+// names nodes the profile lacks (a plan of another model).
+absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
+    const apapo::v1::GetPlanResponse& plan, int steps);
+
+}  // namespace apapo::planning
+
+#endif  // APAPO_PLANNING_SIMULATED_TRACE_H_

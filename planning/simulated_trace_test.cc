@@ -1,0 +1,78 @@
+#include "planning/simulated_trace.h"
+
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace apapo::planning {
+namespace {
+
+apapo::v1::GetPlanResponse TwoStages() {
+  apapo::v1::GetPlanResponse r;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        plan {
+          schedule: SCHEDULE_KIND_ASYNC
+          micro_batches: 2
+          stages {
+            index: 0 node_ids: "a" replicas: 1
+            placement { worker_id: "w-1" rank: 0 }
+          }
+          stages {
+            index: 1 node_ids: "b" replicas: 1
+            placement { worker_id: "w-2" rank: 1 }
+          }
+        }
+        profile {
+          model: "m"
+          batch_size: 8
+          nodes { id: "a" forward_seconds: 0.002 backward_seconds: 0.004
+                  activation_bytes: 1000 parameter_bytes: 100 }
+          nodes { id: "b" inputs: "a" forward_seconds: 0.001
+                  backward_seconds: 0.002 activation_bytes: 10 }
+        }
+        cluster {
+          workers { worker_id: "w-1" }
+          workers { worker_id: "w-2" }
+        }
+      )pb",
+      &r));
+  return r;
+}
+
+TEST(SimulatedTraceTest, OneTracePerStageReplicaFromZeroPerMicroBatch) {
+  auto traces = SimulatedTrace(TwoStages(), 3);
+  ASSERT_TRUE(traces.ok()) << traces.status();
+  ASSERT_EQ(traces->size(), 2u);
+  int64_t earliest = -1;
+  for (int s = 0; s < 2; ++s) {
+    const apapo::v1::StageTrace& t = (*traces)[s];
+    EXPECT_EQ(t.stage(), s);
+    int forwards = 0, optimizers = 0;
+    int64_t end = 0;
+    for (const auto& span : t.spans()) {
+      EXPECT_GE(span.start_ns(), end) << "overlap on stage " << s;
+      end = span.start_ns() + span.duration_ns();
+      if (span.kind() == apapo::v1::SPAN_KIND_FORWARD) {
+        ++forwards;
+        // Per micro-batch: the profile's per mini-batch figure / m.
+        EXPECT_EQ(span.duration_ns(), s == 0 ? 1000000 : 500000);
+      }
+      if (span.kind() == apapo::v1::SPAN_KIND_OPTIMIZER) ++optimizers;
+    }
+    EXPECT_EQ(forwards, 3 * 2);
+    EXPECT_EQ(optimizers, 3);
+    if (earliest < 0 || t.spans(0).start_ns() < earliest) earliest = t.spans(0).start_ns();
+  }
+  EXPECT_EQ(earliest, 0);
+}
+
+TEST(SimulatedTraceTest, PlanOfAnotherModelIsFailedPrecondition) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  r.mutable_plan()->mutable_stages(1)->set_node_ids(0, "zzz");
+  auto traces = SimulatedTrace(r, 3);
+  EXPECT_EQ(traces.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(traces.status().message().find("zzz"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace apapo::planning
