@@ -1,8 +1,5 @@
 #include "worker/span_recorder.h"
 
-#include <chrono>
-#include <cstdio>
-
 #include "gtest/gtest.h"
 
 namespace apapo::worker {
@@ -79,39 +76,25 @@ TEST(SpanRecorderTest, OffRecordsNothingAndAllocatesNothing) {
   EXPECT_FALSE(r.Complete(1000));
 }
 
-// The per-op cost, printed (the executor's ops take 10 us to seconds): a
-// pair of Begin/End inside the window and outside it.
-TEST(SpanRecorderTest, PerOpCostIsSmall) {
+// The recorder records past the window's bound only as a count, and costs
+// nothing measurable outside it: see bench/span_recorder_bench.cc for the
+// per-op figures.
+TEST(SpanRecorderTest, ManyOpsInTheWindowAndNoneOutsideIt) {
   constexpr int kOps = 200000;
-  using Clock = std::chrono::steady_clock;
   TraceOptions on;
   on.warmup_steps = 0;
   on.steps = 1;
   on.max_spans = kOps;
   SpanRecorder recording(on, 0);
   SpanRecorder outside(on, 0);
-  const auto t0 = Clock::now();
   for (int i = 0; i < kOps; ++i) {
     recording.Begin(apapo::v1::SPAN_KIND_FORWARD, i, 0);
     recording.End();
-  }
-  const auto t1 = Clock::now();
-  for (int i = 0; i < kOps; ++i) {
     outside.Begin(apapo::v1::SPAN_KIND_FORWARD, i, /*step=*/5);
     outside.End();
   }
-  const auto t2 = Clock::now();
-  const double in_ns =
-      std::chrono::duration<double, std::nano>(t1 - t0).count() / kOps;
-  const double off_ns =
-      std::chrono::duration<double, std::nano>(t2 - t1).count() / kOps;
-  std::printf("span recorder: %.1f ns per recorded op, %.2f ns per op "
-              "outside the window\n", in_ns, off_ns);
   EXPECT_EQ(recording.size(), kOps);
   EXPECT_TRUE(outside.empty());
-  // Loose bounds (sanitizers, a loaded machine): far below an op's 10 us.
-  EXPECT_LT(in_ns, 2000);
-  EXPECT_LT(off_ns, 200);
 }
 
 }  // namespace
