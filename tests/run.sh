@@ -49,7 +49,7 @@ echo "== tests/ (multi-process, Python clients)"
 $PY tests/lib/run_python_tests.py "$OUT/python.json"
 
 extra+=("$OUT/python.json")
-echo "== LibTorch-free unit tests under ASan + UBSan (tests/sanitizers.sh)"
+echo "== LibTorch-free unit tests under ASan + UBSan and TSan (tests/sanitizers.sh)"
 bash tests/sanitizers.sh "$OUT/sanitizers.json" "${BAZEL_FLAGS[@]}"
 extra+=("$OUT/sanitizers.json")
 echo "== fuzzing: every libFuzzer target, briefly (fuzz/fuzz.sh)"
