@@ -56,7 +56,11 @@ Fn Real(const char* mangled) {
 struct Guarded {
   const absl::Condition* cond;
   absl::Mutex* mu;
+  // The library may evaluate it in another thread (the one that unlocks),
+  // having received `arg` through its own, invisible, queue: the wrapper
+  // releases on `arg` once it has filled it in, Eval acquires before reading.
   static bool Eval(void* arg) {
+    __tsan_acquire(arg);
     auto* g = static_cast<Guarded*>(arg);
     __tsan_acquire(g->mu);
     const bool r = g->cond->Eval();
@@ -123,6 +127,7 @@ void Mutex::LockWhen(const Condition& cond) {
   using Fn = void (*)(Mutex*, const Condition&);
   APAPO_REAL(Fn, "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE", Fn);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   real(this, Condition(&Guarded::Eval, &g));
   __tsan_acquire(this);
 }
@@ -131,6 +136,7 @@ void Mutex::ReaderLockWhen(const Condition& cond) {
   using Fn = void (*)(Mutex*, const Condition&);
   APAPO_REAL(Fn, "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE", Fn);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   real(this, Condition(&Guarded::Eval, &g));
   __tsan_acquire(this);
 }
@@ -140,6 +146,7 @@ bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   APAPO_REAL(Fn, "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE",
              Fn);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   const bool r = real(this, Condition(&Guarded::Eval, &g), timeout);
   __tsan_acquire(this);  // held either way
   return r;
@@ -150,6 +157,7 @@ bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   APAPO_REAL(Fn, "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE",
              Fn);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   const bool r = real(this, Condition(&Guarded::Eval, &g), deadline);
   __tsan_acquire(this);
   return r;
@@ -160,6 +168,7 @@ void Mutex::Await(const Condition& cond) {
   APAPO_REAL(Fn, "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE", Fn);
   __tsan_release(this);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   real(this, Condition(&Guarded::Eval, &g));
   __tsan_acquire(this);
 }
@@ -170,6 +179,7 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
              Fn);
   __tsan_release(this);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   const bool r = real(this, Condition(&Guarded::Eval, &g), timeout);
   __tsan_acquire(this);
   return r;
@@ -181,6 +191,7 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
              Fn);
   __tsan_release(this);
   Guarded g{&cond, this};
+  __tsan_release(&g);
   const bool r = real(this, Condition(&Guarded::Eval, &g), deadline);
   __tsan_acquire(this);
   return r;
