@@ -30,6 +30,10 @@ absl::Status Validate(const CoordinatorOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics port must be -1 (off) or a port, got ", o.metrics_port));
   }
+  if (o.max_ended_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_ended_jobs must be >= 0, got ", o.max_ended_jobs));
+  }
   if (o.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("heartbeat interval must be > 0, got ",
@@ -87,6 +91,7 @@ absl::Status Coordinator::StartServing() {
     return absl::Status(s.code(),
                         absl::StrCat("recovering ", state, ": ", s.message()));
   }
+  jobs_->set_max_ended_jobs(options_.max_ended_jobs);
   registry_ = std::make_unique<WorkerRegistry>(clock_, options_.heartbeat_interval);
 
   // Metrics: families in a registry, served on the metrics port.

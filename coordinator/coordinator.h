@@ -25,6 +25,7 @@
 #include "common/spec_paths.h"
 #include "common/tls.h"
 #include "coordinator/clock.h"
+#include "coordinator/job_manager.h"
 #include "coordinator/scheduler.h"
 #include "planning/planner.h"
 
@@ -67,6 +68,8 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // Directories job specs may name files under (common/spec_paths.h).
   std::vector<std::string> data_roots = DefaultDataRoots();
+  // Ended jobs kept (memory and state file); the oldest beyond are dropped.
+  int max_ended_jobs = JobManager::kDefaultMaxEndedJobs;
   // Phase deadlines, transfer timeout and the scheduler's tick.
   SchedulerOptions scheduler;
 };

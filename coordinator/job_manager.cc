@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -176,7 +178,41 @@ absl::StatusOr<Job> JobManager::Submit(const apapo::v1::JobSpec& spec,
     jobs_.erase(id);
     return s;
   }
-  return entry.job;
+  Job submitted = entry.job;
+  PruneEndedLocked();
+  return submitted;
+}
+
+void JobManager::set_max_ended_jobs(int n) {
+  absl::MutexLock lock(&mu_);
+  max_ended_jobs_ = n;
+  PruneEndedLocked();
+}
+
+void JobManager::PruneEndedLocked() {
+  // Oldest submitted first.
+  std::vector<std::tuple<int64_t, int32_t, std::string>> ended;
+  for (const auto& [id, entry] : jobs_) {
+    if (IsTerminal(entry.job.state())) {
+      ended.emplace_back(entry.job.create_time().seconds(), entry.job.create_time().nanos(),
+                         id);
+    }
+  }
+  if (static_cast<int64_t>(ended.size()) <= max_ended_jobs_) return;
+  std::sort(ended.begin(), ended.end());
+  const size_t drop = ended.size() - static_cast<size_t>(max_ended_jobs_);
+  for (size_t i = 0; i < drop; ++i) {
+    const std::string& id = std::get<2>(ended[i]);
+    if (absl::Status st = store_->DeleteJob(id); !st.ok()) {
+      // Kept in memory too, so both stay consistent; retried next submit.
+      std::fprintf(stderr, "apapo-coordinator: dropping ended job %s: %s\n", id.c_str(),
+                   std::string(st.message()).c_str());
+      continue;
+    }
+    jobs_.erase(id);
+    job_version_.erase(id);
+    dirty_progress_.erase(id);
+  }
 }
 
 absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
@@ -318,9 +354,13 @@ absl::StatusOr<JobChange> JobManager::WaitForChange(const std::string& job_id,
     return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
   }
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return job_version_[job_id] > seen_version;
+    auto it = job_version_.find(job_id);
+    return jobs_.count(job_id) == 0 || (it != job_version_.end() && it->second > seen_version);
   };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  if (!jobs_.count(job_id)) {  // dropped meanwhile (PruneEndedLocked)
+    return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
+  }
   const Entry& entry = jobs_[job_id];
   JobChange change;
   change.job = entry.job;

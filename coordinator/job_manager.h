@@ -154,6 +154,13 @@ class JobManager {
   // reported (it runs before hooks are set).
   void SetEndHook(std::function<void(const apapo::v1::Job&)> hook);
 
+  // Job history retention: at most `n` ended jobs (succeeded, failed,
+  // cancelled) are kept, in memory and in the store; beyond that the oldest
+  // submitted are dropped (their events and plan too) at the next submit
+  // and now. Get/Watch of a dropped job is NOT_FOUND.
+  static constexpr int kDefaultMaxEndedJobs = 10000;
+  void set_max_ended_jobs(int n);
+
  private:
   struct Entry {
     apapo::v1::Job job;
@@ -164,6 +171,8 @@ class JobManager {
 
   absl::StatusOr<Entry*> Find(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the oldest ended jobs beyond max_ended_jobs_ (memory and store).
+  void PruneEndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends an event, persists job + event, bumps the change counter.
   absl::Status AddEventLocked(Entry& entry, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -183,6 +192,7 @@ class JobManager {
 
   absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t max_ended_jobs_ ABSL_GUARDED_BY(mu_) = kDefaultMaxEndedJobs;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Per-job change counters; watchers wait on them.
   std::map<std::string, int64_t> job_version_ ABSL_GUARDED_BY(mu_);

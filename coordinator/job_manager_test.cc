@@ -48,6 +48,43 @@ TEST_F(JobManagerTest, SubmitQueuesAndRecordsEvent) {
   EXPECT_EQ(store_.LoadEvents("job-000001")->size(), 1u);
 }
 
+// Job history retention: beyond max_ended_jobs, the oldest ended jobs go
+// (memory and store, events too); running ones stay whatever their age.
+TEST_F(JobManagerTest, OnlyTheNewestEndedJobsAreKept) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto job = jobs_.Submit(ValidSpec());
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id());
+    clock_.Advance(absl::Seconds(1));
+  }
+  // ids[0] stays queued (never ended); the other four end.
+  for (int i = 1; i < 5; ++i) ASSERT_TRUE(jobs_.Cancel(ids[i], "test").ok());
+  jobs_.set_max_ended_jobs(2);
+  EXPECT_TRUE(jobs_.Get(ids[0]).ok());  // not ended: kept though oldest
+  EXPECT_EQ(jobs_.Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_.Get(ids[2]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs_.Get(ids[3]).ok());
+  EXPECT_TRUE(jobs_.Get(ids[4]).ok());
+  EXPECT_TRUE(store_.LoadEvents(ids[1])->empty());
+  EXPECT_EQ(store_.LoadJobs()->size(), 3u);
+  // A watcher of a job that is dropped is told so, not left waiting.
+  absl::StatusOr<JobChange> change;
+  std::thread watcher([&] {
+    change = jobs_.WaitForChange(ids[3], /*seen_version=*/1 << 30, 0,
+                                 absl::Now() + absl::Minutes(5));
+  });
+  // The next submit prunes again: one more ended job drops ids[3].
+  auto next = jobs_.Submit(ValidSpec());
+  ASSERT_TRUE(next.ok());
+  ASSERT_TRUE(jobs_.Cancel(next->id(), "test").ok());
+  ASSERT_TRUE(jobs_.Submit(ValidSpec()).ok());
+  watcher.join();
+  EXPECT_EQ(change.status().code(), absl::StatusCode::kNotFound) << change.status();
+  EXPECT_EQ(jobs_.Get(ids[3]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs_.Get(ids[4]).ok());
+}
+
 TEST_F(JobManagerTest, SubmitRejectsInvalidSpecWithFieldPath) {
   auto spec = ValidSpec();
   spec.mutable_schedule()->set_micro_batches(0);

@@ -39,6 +39,14 @@ absl::Status MemoryJobStore::SavePlan(const std::string& job_id,
   return absl::OkStatus();
 }
 
+absl::Status MemoryJobStore::DeleteJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+  events_.erase(job_id);
+  plans_.erase(job_id);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<apapo::v1::Job>> MemoryJobStore::LoadJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<apapo::v1::Job> out;
@@ -157,6 +165,30 @@ class SqliteJobStore : public JobStore {
       return absl::NotFoundError(absl::StrCat("no plan stored for ", job_id));
     }
     return plan;
+  }
+
+  absl::Status DeleteJob(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+    for (const char* sql : {"DELETE FROM events WHERE job_id = ?1",
+                            "DELETE FROM plans WHERE job_id = ?1",
+                            "DELETE FROM jobs WHERE id = ?1"}) {
+      sqlite3_stmt* stmt = nullptr;
+      if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+        absl::Status s = Error("prepare");
+        Exec("ROLLBACK").IgnoreError();
+        return s;
+      }
+      sqlite3_bind_text(stmt, 1, job_id.data(), job_id.size(), SQLITE_TRANSIENT);
+      const int rc = sqlite3_step(stmt);
+      sqlite3_finalize(stmt);
+      if (rc != SQLITE_DONE) {
+        absl::Status s = Error("delete");
+        Exec("ROLLBACK").IgnoreError();
+        return s;
+      }
+    }
+    return Exec("COMMIT");
   }
 
  private:

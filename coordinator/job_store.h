@@ -43,6 +43,9 @@ class JobStore {
   // The job's plan; NOT_FOUND if none was stored.
   virtual absl::StatusOr<apapo::v1::GetPlanResponse> LoadPlan(
       const std::string& job_id) = 0;
+  // Removes the job, its events and its plan (history retention); OK if
+  // it is not stored.
+  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
 };
 
 // Keeps everything in memory (lost at exit).
@@ -61,6 +64,7 @@ class MemoryJobStore : public JobStore {
       const std::string& job_id) override;
   absl::StatusOr<apapo::v1::GetPlanResponse> LoadPlan(
       const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id) override;
 
  private:
   absl::Mutex mu_;

@@ -63,10 +63,23 @@ void CheckContract(JobStore& store) {
             absl::StatusCode::kNotFound);
 }
 
+// DeleteJob removes the job, its events and its plan, and nothing else.
+void CheckDelete(JobStore& store) {
+  ASSERT_TRUE(store.DeleteJob("job-000001").ok());
+  ASSERT_TRUE(store.DeleteJob("job-000009").ok());  // not stored: fine
+  auto jobs = store.LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].id(), "job-000002");
+  EXPECT_TRUE(store.LoadEvents("job-000001")->empty());
+  EXPECT_EQ(store.LoadPlan("job-000001").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(MemoryJobStoreTest, Contract) {
   MemoryJobStore store;
   ExerciseContract(store);
   CheckContract(store);
+  CheckDelete(store);
 }
 
 TEST(SqliteJobStoreTest, ContractSurvivesReopen) {
@@ -81,6 +94,7 @@ TEST(SqliteJobStoreTest, ContractSurvivesReopen) {
   auto reopened = OpenSqliteJobStore(path);
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   CheckContract(**reopened);
+  CheckDelete(**reopened);
 }
 
 TEST(SqliteJobStoreTest, UnopenablePathIsFailedPrecondition) {

@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, checkpoint_root, "/var/lib/apapo/checkpoints",
           "Every worker must read and write it (one machine's disk, or a "
           "volume all workers mount) and it must lie under their "
           "--data_roots. Empty: such jobs do not checkpoint.");
+ABSL_FLAG(int32_t, max_ended_jobs, 10000,
+          "Job history retention: ended jobs (succeeded, failed, cancelled) kept in "
+          "the state and listed; beyond it the oldest submitted are dropped.");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 100,
           "Steps between checkpoints for a job whose spec sets none.");
 ABSL_FLAG(absl::Duration, growth_min_remaining, absl::Minutes(1),
@@ -162,6 +165,7 @@ int Run() {
   options.metrics_port = std::max(-1, absl::GetFlag(FLAGS_metrics_port));
   options.state_path = state;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.scheduler.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   options.scheduler.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
