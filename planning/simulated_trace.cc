@@ -12,24 +12,13 @@
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
 #include "partitioner/simulator.h"
+#include "schedule/span_kind.h"
 
 namespace apapo::planning {
 namespace {
 
 namespace pt = apapo::partitioner;
 using apapo::schedule::Op;
-
-apapo::v1::SpanKind KindOf(Op::Type type) {
-  switch (type) {
-    case Op::kForward: return apapo::v1::SPAN_KIND_FORWARD;
-    case Op::kBackward: return apapo::v1::SPAN_KIND_BACKWARD;
-    case Op::kSendActivations:
-    case Op::kSendGradients: return apapo::v1::SPAN_KIND_SEND;
-    case Op::kAllReduce: return apapo::v1::SPAN_KIND_ALL_REDUCE;
-    case Op::kUpdate: return apapo::v1::SPAN_KIND_OPTIMIZER;
-    default: return apapo::v1::SPAN_KIND_UNSPECIFIED;
-  }
-}
 
 }  // namespace
 
@@ -132,8 +121,12 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
                      return a.start < b.start;
                    });
   for (const pt::TraceEvent& e : events) {
-    const apapo::v1::SpanKind span_kind = KindOf(e.op.type);
-    if (span_kind == apapo::v1::SPAN_KIND_UNSPECIFIED) continue;
+    const apapo::v1::SpanKind span_kind = apapo::schedule::SpanKindOf(e.op.type);
+    // The simulator gives the final flush no duration: not a span here.
+    if (span_kind == apapo::v1::SPAN_KIND_UNSPECIFIED ||
+        span_kind == apapo::v1::SPAN_KIND_FLUSH) {
+      continue;
+    }
     const std::pair<int, int> key(e.stage, e.replica);
     apapo::v1::StageTrace& t = traces[key];
     t.set_stage(e.stage);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "schedule/span_kind.h"
 #include "worker/batch_loader.h"
 #include "worker/evaluator.h"
 #include "worker/model_builder.h"
@@ -424,7 +425,7 @@ struct StageExecutor::Impl {
     Op op;
     while (program->Next(&op)) {
       absl::Status st;
-      const apapo::v1::SpanKind kind = SpanKindOf(op.type);
+      const apapo::v1::SpanKind kind = schedule::SpanKindOf(op.type);
       if (kind != apapo::v1::SPAN_KIND_UNSPECIFIED) {
         spans->Begin(kind, op.micro_batch, global_step);
       }
@@ -466,20 +467,6 @@ struct StageExecutor::Impl {
     return absl::OkStatus();
   }
 
-  // The span a training op is recorded as; posting a receive is not one
-  // (its wait is: the RECV part of the forward or backward that takes it).
-  static apapo::v1::SpanKind SpanKindOf(Op::Type type) {
-    switch (type) {
-      case Op::kForward: return apapo::v1::SPAN_KIND_FORWARD;
-      case Op::kBackward: return apapo::v1::SPAN_KIND_BACKWARD;
-      case Op::kSendActivations:
-      case Op::kSendGradients: return apapo::v1::SPAN_KIND_SEND;
-      case Op::kAllReduce: return apapo::v1::SPAN_KIND_ALL_REDUCE;
-      case Op::kUpdate: return apapo::v1::SPAN_KIND_OPTIMIZER;
-      case Op::kFlush: return apapo::v1::SPAN_KIND_FLUSH;
-      default: return apapo::v1::SPAN_KIND_UNSPECIFIED;
-    }
-  }
 
   // Hands the window's spans to the observer (once).
   void ShipTrace() {
