@@ -957,6 +957,50 @@ int DefaultMicroBatches(const PlannerOptions& options,
       static_cast<int64_t>(std::llround(options.batch_size)));
 }
 
+// Async schedule: PipeDream's in-flight depth (NOAM) keeps a stage busy
+// while a micro-batch goes through the downstream stages' compute, but not
+// while it also crosses the links there and back: a replica of stage s
+// waits 2 * sum_{t >= s} x_t per micro-batch for transfers (x_t: one
+// micro-batch's activations over the link from stage t to t + 1), and its
+// period per micro-batch is R_s * T / m (T: the bottleneck stage time per
+// mini-batch). So that those waits overlap other micro-batches' compute,
+// as the stage times assume, d_s gets ceil(2 * sum x_t / period) more
+// micro-batches (round trips under 5% of a period are left to the slack
+// of the non-bottleneck stages). It stays within max_in_flight; each extra
+// micro-batch costs a stashed weight version and one update of staleness.
+void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
+                             schedule::ScheduleOptions* sched, Plan* plan) {
+  const int p = plan->stages.size();
+  if (p < 2 || bottleneck_seconds <= 0) return;
+  std::vector<int> depth(p, 0);
+  bool deeper = false;
+  double round_trip = 0;  // 2 * sum_{t >= s} x_t, built from the end
+  for (int s = p - 2; s >= 0; --s) {
+    const StagePlan& st = plan->stages[s];
+    if (st.output_bandwidth > 0) {
+      round_trip += 2.0 * st.output_bytes / micro_batches / st.output_bandwidth;
+    }
+    const double period =
+        st.replicas * bottleneck_seconds / std::max(1, micro_batches);
+    const int extra = static_cast<int>(std::ceil(round_trip / period - 0.05));
+    if (extra <= 0) continue;
+    const int base = schedule::InFlightDepth(*sched, s);
+    int d = base + extra;
+    if (sched->max_in_flight > 0) d = std::min(d, sched->max_in_flight);
+    if (d <= base) continue;
+    depth[s] = d;
+    deeper = true;
+    plan->notes.push_back(absl::StrFormat(
+        "stage %d keeps %d micro-batches in flight (default %d) to cover "
+        "%.3g ms of transfers there and back per micro-batch (period "
+        "%.3g ms)",
+        s, d, base, 1e3 * round_trip, 1e3 * period));
+  }
+  if (!deeper) return;
+  sched->in_flight_depth = depth;
+  for (int s = 0; s < p; ++s) plan->stages[s].in_flight_depth = depth[s];
+}
+
 // Fills per-stage metrics and plan-level predictions from flattened stages.
 absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
                         const States& st, const Cluster& cluster,
@@ -1067,14 +1111,36 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
     bottleneck = std::max(bottleneck, stage.time_seconds);
     busy_sum += stage.time_seconds;
-    absl::StatusOr<schedule::StageScheduleStats> stats =
-        schedule::AnalyzeStage(sched, s);
-    if (!stats.ok()) return stats.status();
-    stage.weight_versions = stats->weight_versions;
-    stage.in_flight = stats->max_activations_in_flight;
-    stage.staleness = stats->max_staleness;
-    stage.peak_memory_bytes = stage.weight_versions * stage.parameter_bytes +
-                              stage.in_flight * stage.activation_bytes;
+  }
+  if (options.schedule == schedule::ScheduleKind::kAsync &&
+      options.cost_model == CostModel::kApapo) {
+    CoverTransferRoundTrips(
+        cluster.heterogeneous() || dp_value <= 0 ? bottleneck : dp_value,
+        plan->micro_batches, &sched, plan);
+  }
+  for (int s = 0; s < p; ++s) {
+    StagePlan& stage = plan->stages[s];
+    while (true) {
+      absl::StatusOr<schedule::StageScheduleStats> stats =
+          schedule::AnalyzeStage(sched, s);
+      if (!stats.ok()) return stats.status();
+      stage.weight_versions = stats->weight_versions;
+      stage.in_flight = stats->max_activations_in_flight;
+      stage.staleness = stats->max_staleness;
+      stage.peak_memory_bytes = stage.weight_versions * stage.parameter_bytes +
+                                stage.in_flight * stage.activation_bytes;
+      // A deeper pipeline that does not fit runs at the default depth.
+      if (stage.in_flight_depth == 0 || cluster.memory_bytes <= 0 ||
+          stage.peak_memory_bytes <= cluster.memory_bytes) {
+        break;
+      }
+      plan->notes.push_back(absl::StrFormat(
+          "stage %d stays at the default in-flight depth: %d would need "
+          "%.4g B",
+          s, stage.in_flight_depth, stage.peak_memory_bytes));
+      stage.in_flight_depth = 0;
+      sched.in_flight_depth[s] = 0;
+    }
   }
   // The DP's value is the cost model's prediction on a homogeneous cluster;
   // with heterogeneous workers the matched stage times decide.

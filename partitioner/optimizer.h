@@ -122,6 +122,9 @@ struct StagePlan {
   double allreduce_bandwidth = 0;  // bytes/s of the replicas' slowest link
   int weight_versions = 1;
   int in_flight = 1;
+  // kAsync: the in-flight depth chosen for the stage when deeper than the
+  // schedule's default (0: the default); see ScheduleOptions.
+  int in_flight_depth = 0;
   int64_t staleness = 0;
   double peak_memory_bytes = 0;
 };

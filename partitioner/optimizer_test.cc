@@ -8,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "partitioner/pipedream_format.h"
+#include "partitioner/simulator.h"
 #include "partitioner/synthetic.h"
 #include "partitioner/testdata.h"
 
@@ -289,6 +293,82 @@ TEST(OptimizerTest, RespectsMemoryAndSaysWhyNothingFits) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(none.status().message().find("alone needs"), std::string::npos)
       << none.status();
+}
+
+// A chain of four layers of 50 ms forward, 100 ms backward, 1 MB of
+// activations and 50 MB of weights each (so replication loses to a
+// pipeline on a slow link).
+Graph HeavyChain() {
+  Graph g;
+  int prev = -1;
+  for (int i = 0; i < 4; ++i) {
+    Node n;
+    n.id = absl::StrCat("l", i);
+    n.forward_seconds = 0.05;
+    n.backward_seconds = 0.1;
+    n.activation_bytes = 1e6;
+    n.parameter_bytes = 50e6;
+    const int v = g.AddNode(n);
+    if (prev >= 0) EXPECT_TRUE(g.AddEdge(prev, v).ok());
+    prev = v;
+  }
+  EXPECT_TRUE(g.Validate().ok());
+  return g;
+}
+
+TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
+  const Graph g = HeavyChain();
+  PlannerOptions o;
+  o.schedule = schedule::ScheduleKind::kAsync;
+  o.activation_compression_ratio = 1;
+  // 12.5 MB/s (100 Mbit/s): 80 ms each way per mini-batch, 160 ms there and
+  // back against a 300 ms period: stage 0 needs one more micro-batch in
+  // flight than NOAM's 2.
+  absl::StatusOr<Cluster> slow = MakeCluster(2, "2:12.5e6", "", "");
+  ASSERT_TRUE(slow.ok());
+  absl::StatusOr<Plan> plan = PlanPipeline(g, *slow, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->stages[0].in_flight_depth, 3);
+  EXPECT_EQ(plan->stages[0].in_flight, 3);
+  EXPECT_EQ(plan->stages[0].staleness, 2);
+  EXPECT_EQ(plan->stages[0].weight_versions, 3);
+  EXPECT_EQ(plan->stages[1].in_flight_depth, 0);
+  EXPECT_EQ(plan->stages[1].in_flight, 1);
+  bool noted = false;
+  for (const std::string& note : plan->notes) {
+    noted |= absl::StrContains(note, "stage 0 keeps 3 micro-batches in flight");
+  }
+  EXPECT_TRUE(noted) << absl::StrJoin(plan->notes, "; ");
+  // The simulator agrees: at the chosen depth the pipeline runs at its
+  // stage time, at NOAM's depth it waits for the link.
+  SimulationOptions sim;
+  sim.iterations = 64;
+  absl::StatusOr<SimulationResult> deep =
+      Simulate(*plan, *slow, schedule::ScheduleKind::kAsync, sim);
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_NEAR(deep->micro_batches_per_second, plan->mini_batches_per_second,
+              0.03 * plan->mini_batches_per_second);
+  Plan noam = *plan;
+  noam.stages[0].in_flight_depth = 0;
+  absl::StatusOr<SimulationResult> shallow =
+      Simulate(noam, *slow, schedule::ScheduleKind::kAsync, sim);
+  ASSERT_TRUE(shallow.ok());
+  EXPECT_LT(shallow->micro_batches_per_second,
+            0.9 * deep->micro_batches_per_second);
+
+  // A fast link needs no more than NOAM; nor may the depth pass the bound
+  // the spec's staleness sets.
+  absl::StatusOr<Cluster> fast = MakeCluster(2, "2:10e9", "", "");
+  ASSERT_TRUE(fast.ok());
+  absl::StatusOr<Plan> quick = PlanPipeline(g, *fast, o);
+  ASSERT_TRUE(quick.ok());
+  for (const StagePlan& s : quick->stages) EXPECT_EQ(s.in_flight_depth, 0);
+  o.max_in_flight = 2;
+  absl::StatusOr<Plan> bounded = PlanPipeline(g, *slow, o);
+  ASSERT_TRUE(bounded.ok());
+  for (const StagePlan& s : bounded->stages) EXPECT_EQ(s.in_flight_depth, 0);
+  EXPECT_EQ(bounded->stages[0].staleness, 1);
 }
 
 TEST(OptimizerTest, GivesFastWorkersTheHeaviestStages) {

@@ -91,6 +91,7 @@ apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
     stage->set_weight_versions(st.weight_versions);
     stage->set_in_flight_micro_batches(st.in_flight);
     stage->set_staleness(static_cast<int32_t>(st.staleness));
+    stage->set_in_flight_depth(st.in_flight_depth);
     in_flight = std::max(in_flight, st.in_flight);
   }
   out.set_in_flight(in_flight);

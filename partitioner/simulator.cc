@@ -62,6 +62,16 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   so.kind = kind;
   so.num_stages = p;
   for (const StagePlan& s : plan.stages) so.replicas.push_back(s.replicas);
+  if (kind == schedule::ScheduleKind::kAsync) {
+    for (const StagePlan& s : plan.stages) {
+      if (s.in_flight_depth > 0) {
+        for (const StagePlan& t : plan.stages) {
+          so.in_flight_depth.push_back(t.in_flight_depth);
+        }
+        break;
+      }
+    }
+  }
   so.micro_batches_per_iteration =
       options.micro_batches > 0 ? options.micro_batches : plan.micro_batches;
   so.num_iterations = options.iterations;

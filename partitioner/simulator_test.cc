@@ -79,6 +79,23 @@ TEST(SimulatorTest, AsyncHasNoSteadyStateBubbleAndStashesPMinusS) {
   }
 }
 
+TEST(SimulatorTest, ADeeperAsyncStageHidesTheLinksRoundTrip) {
+  // Two stages of 3 s per micro-batch joined by a link that takes 2 s each
+  // way: at NOAM's depth 2, stage 0 waits for the round trip (3 + 2 + 3 + 2
+  // = 10 s for 2 micro-batches: 0.2 per s); one more micro-batch in flight
+  // covers it and the stages run compute-bound (1/3 per s).
+  Plan plan = UniformPlan(2, 1);
+  plan.stages[0].output_bytes = 2;
+  plan.stages[0].output_bandwidth = 1;
+  SimulationResult shallow = RunSim(plan, ScheduleKind::kAsync, 64);
+  EXPECT_NEAR(shallow.micro_batches_per_second, 0.2, 0.01);
+  plan.stages[0].in_flight_depth = 4;
+  SimulationResult deep = RunSim(plan, ScheduleKind::kAsync, 64);
+  EXPECT_NEAR(deep.micro_batches_per_second, 1.0 / 3.0, 0.01);
+  EXPECT_EQ(deep.stages[0].max_in_flight, 4);
+  EXPECT_EQ(deep.stages[0].max_staleness, 3);
+}
+
 TEST(SimulatorTest, TwoBWKeepsTwoVersionsAndStalenessOne) {
   const int p = 4;
   SimulationResult r = RunSim(UniformPlan(p, 8), ScheduleKind::k2BW, 16);

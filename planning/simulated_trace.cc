@@ -91,6 +91,7 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     }
     st.output_bandwidth = bandwidth;
     st.allreduce_bandwidth = bandwidth;
+    st.in_flight_depth = stage.in_flight_depth();
     p.stages.push_back(std::move(st));
   }
   for (int v = 0; v < graph->num_nodes(); ++v) {

@@ -42,10 +42,15 @@ std::string StagePlan::Describe(const apapo::v1::JobSpec& spec,
   std::vector<std::string> parts;
   for (int s = 0; s < static_cast<int>(stage_nodes.size()); ++s) {
     const auto& nodes = stage_nodes[s];
+    const bool deeper = s < static_cast<int>(schedule.in_flight_depth.size()) &&
+                        schedule.in_flight_depth[s] > 0;
     parts.push_back(absl::StrCat(
         "[", nodes.front(), "..", nodes.back(), "]",
         schedule.Replicas(s) > 1 ? absl::StrCat(" x", schedule.Replicas(s))
-                                 : ""));
+                                 : "",
+        deeper ? absl::StrCat(" (", schedule::InFlightDepth(schedule, s),
+                              " in flight)")
+               : ""));
   }
   std::vector<std::string> split_names;
   for (const auto& [id, n] : splits) {
@@ -82,8 +87,8 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
   }
   out.schedule.kind = *kind;
   out.schedule.num_stages = plan.stages_size();
-  bool replicated = false;
-  std::vector<int> replicas;
+  bool replicated = false, deeper = false;
+  std::vector<int> replicas, depths;
   for (int i = 0; i < plan.stages_size(); ++i) {
     const apapo::v1::Stage& st = plan.stages(i);
     if (st.node_ids().empty()) {
@@ -94,8 +99,18 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
     replicas.push_back(std::max(1, st.replicas()));
     replicated |= replicas.back() > 1;
     out.world_size += replicas.back();
+    if (st.in_flight_depth() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan.stages[", i, "].in_flight_depth: ",
+                       st.in_flight_depth(), " is negative"));
+    }
+    depths.push_back(st.in_flight_depth());
+    deeper |= depths.back() > 0;
   }
   if (replicated) out.schedule.replicas = replicas;
+  // A depth only the async schedule takes; ValidateScheduleOptions refuses
+  // it for the others.
+  if (deeper) out.schedule.in_flight_depth = depths;
   out.schedule.micro_batches_per_iteration =
       MicroBatches(spec, plan.micro_batches(), *kind, replicas);
   out.schedule.max_in_flight = MaxInFlight(spec);

@@ -71,6 +71,39 @@ TEST(StagePlanTest, MaxStalenessBoundsInFlight) {
   EXPECT_EQ(schedule::InFlightDepth(sp->schedule, 0), 1);
 }
 
+TEST(StagePlanTest, APlannedDepthReachesTheSchedule) {
+  const auto plan = ParsePlan(R"(schedule: SCHEDULE_KIND_ASYNC
+                                 stages { node_ids: "a" in_flight_depth: 3 }
+                                 stages { node_ids: "b" })");
+  auto sp = StagePlanFor(Spec("data { batch_size: 8 }"), plan);
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(sp->schedule.in_flight_depth, (std::vector<int>{3, 0}));
+  EXPECT_EQ(schedule::InFlightDepth(sp->schedule, 0), 3);
+  EXPECT_EQ(schedule::InFlightDepth(sp->schedule, 1), 1);
+  EXPECT_EQ(sp->Describe(Spec("")),
+            "async (auto), 2 stage(s), m=1: [a..a] (3 in flight) | [b..b], "
+            "weight prediction");
+  // The spec's staleness bound still wins.
+  auto bounded = StagePlanFor(
+      Spec("data { batch_size: 8 } schedule { max_staleness: 1 }"), plan);
+  ASSERT_TRUE(bounded.ok());
+  EXPECT_EQ(schedule::InFlightDepth(bounded->schedule, 0), 2);
+  // Only the async schedule takes a depth; a negative one names the field.
+  auto flush = plan;
+  flush.set_schedule(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
+  auto refused = StagePlanFor(Spec("data { batch_size: 8 }"), flush);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("only the async schedule"),
+            std::string::npos)
+      << refused.status();
+  auto negative = plan;
+  negative.mutable_stages(1)->set_in_flight_depth(-2);
+  auto bad = StagePlanFor(Spec("data { batch_size: 8 }"), negative);
+  EXPECT_NE(bad.status().message().find("plan.stages[1].in_flight_depth"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST(StagePlanTest, RanksAreStageMajor) {
   auto sp = StagePlanFor(Spec("data { batch_size: 8 }"),
                          ParsePlan(R"(stages { node_ids: "a" replicas: 2 }

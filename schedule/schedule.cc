@@ -88,6 +88,11 @@ int InFlightDepth(const ScheduleOptions& options, int stage) {
   const int local = (options.micro_batches_per_iteration + r - 1) / r;
   if (options.kind == ScheduleKind::kGPipe) return std::max(1, local);
   int depth = DefaultDepth(options, stage);
+  if (options.kind == ScheduleKind::kAsync &&
+      stage < static_cast<int>(options.in_flight_depth.size()) &&
+      options.in_flight_depth[stage] > 0) {
+    depth = options.in_flight_depth[stage];
+  }
   if (options.max_in_flight > 0) depth = std::min(depth, options.max_in_flight);
   if (options.kind == ScheduleKind::k1F1BFlush ||
       options.kind == ScheduleKind::kDataParallel) {
@@ -153,6 +158,21 @@ absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("replicas has ", options.replicas.size(),
                      " entries for ", options.num_stages, " stages"));
+  }
+  if (!options.in_flight_depth.empty()) {
+    if (static_cast<int>(options.in_flight_depth.size()) != options.num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in_flight_depth has ", options.in_flight_depth.size(),
+          " entries for ", options.num_stages, " stages"));
+    }
+    for (int s = 0; s < options.num_stages; ++s) {
+      const int d = options.in_flight_depth[s];
+      if (d < 0 || (d > 0 && options.kind != ScheduleKind::kAsync)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "in_flight_depth[", s, "] = ", d,
+            d < 0 ? ": must be >= 0" : ": only the async schedule takes one"));
+      }
+    }
   }
   if (options.kind == ScheduleKind::kDataParallel && options.num_stages != 1) {
     return absl::InvalidArgumentError(

@@ -157,6 +157,11 @@ struct ScheduleOptions {
   // Upper bound on micro-batches a replica keeps in flight (forward done,
   // backward not). 0: the schedule's default (see InFlightDepth).
   int max_in_flight = 0;
+  // kAsync only: per stage, the in-flight depth d_s replacing the default
+  // (0 keeps it), e.g. deeper than PipeDream's NOAM so that a slow link's
+  // transfer round trip is covered by other micro-batches' compute. Still
+  // bounded by max_in_flight. Empty, or one entry per stage.
+  std::vector<int> in_flight_depth;
   // Receives posted ahead: a program posts the receive of an op's input
   // when it is at most this many receiving ops ahead of the op (>= 1).
   int recv_lookahead = 16;
@@ -188,7 +193,8 @@ int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
 
 // Warm-up depth d_s: micro-batches one replica of `stage` keeps in flight in
 // steady state. Default (PipeDream's NOAM): ceil(sum_{t>=s} R_t / R_s), which
-// is p - s without replication; bounded by max_in_flight when set. For
+// is p - s without replication; for kAsync, in_flight_depth[stage] instead
+// when set; bounded by max_in_flight when set. For
 // kGPipe it is ceil(m / R_s); for k1F1BFlush and kDataParallel
 // min(d_s, ceil(m / R_s)).
 int InFlightDepth(const ScheduleOptions& options, int stage);

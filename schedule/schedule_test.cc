@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace apapo {
@@ -232,6 +233,53 @@ TEST(AnalyzeStageTest, MaxInFlightBoundsStaleness) {
   EXPECT_EQ(stats->max_activations_in_flight, 3);
   EXPECT_EQ(stats->max_staleness, 2);
   EXPECT_EQ(stats->weight_versions, 3);
+}
+
+TEST(AnalyzeStageTest, AnAsyncStageCanRunDeeperThanTheDefault) {
+  // Two stages: NOAM gives stage 0 two micro-batches in flight; asked for
+  // four it stashes four versions and its gradients are three updates stale,
+  // and the last stage keeps its default.
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 1, 16);
+  options.in_flight_depth = {4, 0};
+  EXPECT_EQ(InFlightDepth(options, 0), 4);
+  EXPECT_EQ(InFlightDepth(options, 1), 1);
+  absl::StatusOr<StageScheduleStats> stats = AnalyzeStage(options, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->max_activations_in_flight, 4);
+  EXPECT_EQ(stats->max_staleness, 3);
+  EXPECT_EQ(stats->weight_versions, 4);
+  // The program warms up with four forwards before the first backward.
+  absl::StatusOr<StageProgram> program = StageProgram::Create(options, 0, 0);
+  ASSERT_TRUE(program.ok());
+  std::vector<Op::Type> compute;
+  Op op;
+  while (program->Next(&op) && compute.size() < 6) {
+    if (op.type == Op::kForward || op.type == Op::kBackward) {
+      compute.push_back(op.type);
+    }
+  }
+  EXPECT_EQ(compute, (std::vector<Op::Type>{Op::kForward, Op::kForward,
+                                            Op::kForward, Op::kForward,
+                                            Op::kBackward, Op::kForward}));
+  // max_in_flight still bounds it.
+  options.max_in_flight = 3;
+  EXPECT_EQ(InFlightDepth(options, 0), 3);
+}
+
+TEST(ValidateScheduleOptionsTest, InFlightDepthIsPerStageAndAsyncOnly) {
+  ScheduleOptions options = Options(ScheduleKind::kAsync, 2, 1, 1);
+  options.in_flight_depth = {3};
+  EXPECT_THAT(ValidateScheduleOptions(options).message(),
+              testing::HasSubstr("in_flight_depth has 1 entries for 2 stages"));
+  options.in_flight_depth = {-1, 0};
+  EXPECT_THAT(ValidateScheduleOptions(options).message(),
+              testing::HasSubstr("in_flight_depth[0] = -1: must be >= 0"));
+  options = Options(ScheduleKind::k1F1BFlush, 2, 4, 1);
+  options.in_flight_depth = {3, 0};
+  EXPECT_THAT(ValidateScheduleOptions(options).message(),
+              testing::HasSubstr("only the async schedule takes one"));
+  options.in_flight_depth = {0, 0};
+  EXPECT_TRUE(ValidateScheduleOptions(options).ok());
 }
 
 TEST(ValidateScheduleOptionsTest, RejectsBadShapes) {
