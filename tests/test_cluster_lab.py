@@ -156,6 +156,39 @@ class ClusterLabTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
+    def test_on_a_slow_link_the_first_stage_keeps_more_in_flight(self):
+        # 100 Mbit/s between the hosts. The README's mlp cut in two sends
+        # 1 MB of activations each way per mini-batch: 80 ms there and 80
+        # back against a ~250-350 ms stage time. At PipeDream's depth (2 in
+        # flight on stage 0) the stage would wait for that round trip, so
+        # the plan keeps 3 in flight (its gradients 2 updates stale).
+        self.lab("down")
+        self.lab("up", "--hosts=2", "--racks=2", "--rack-rate=10gbit",
+                 "--cross-rate=100mbit")
+        ctl = self.start_lab({"w-1": 1, "w-2": 2})
+        with open(os.path.join(t.ROOT, "worker", "testdata",
+                               "mlp_fashion_mnist.textproto")) as f:
+            spec_text = f.read()
+        self.assertIn("limits { epochs: 3 }", spec_text)
+        spec = os.path.join(t.temp_dir("lab-"), "mlp.textproto")
+        with open(spec, "w") as f:
+            f.write(spec_text.replace("limits { epochs: 3 }", "limits { max_steps: 60 }"))
+        r = subprocess.run(self.on(1, ctl + ["submit", spec, "--watch"]),
+                           capture_output=True, text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"job-000001 succeeded")
+        r = subprocess.run(self.on(1, ctl + ["plan", "job-000001"]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"2 stage\(s\) on 2 worker\(s\), schedule async, "
+                                   r"1 micro-batches, in-flight 3", r.stdout)
+        self.assertRegex(r.stdout, r"note: stage 0 keeps 3 micro-batches in flight "
+                                   r"\(default 2\) to cover [\d.]+ ms of transfers")
+        r = subprocess.run(self.on(1, ctl + ["get", "job-000001"]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"max_staleness: 2\b", r.stdout)
+
     def test_a_worker_whose_link_is_cut_is_replanned_around(self):
         # Three hosts in one rack: the coordinator alone on host 1, w-1 on
         # host 2, w-2 on host 3. A placed worker's link is cut mid-run (no

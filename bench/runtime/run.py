@@ -205,7 +205,10 @@ def run_local(model, row, max_steps, epochs, workdir, timeout):
             "stages": s.get("stages"), "wall_s": s.get("wall_s")}
 
 
-def run_peer(model, row, max_steps, epochs, workdir, timeout, warmup):
+def run_peer(model, row, max_steps, epochs, workdir, timeout, warmup,
+             ranks=((0, "127.0.0.1", ()), (1, "127.0.0.1", ())), extra_env=None):
+    """PyTorch DDP over Gloo (`ranks`: core, address, argv prefix that runs
+    on its host, rank 0's address the rendezvous) or Pipe (one process)."""
     tag = f"{model}-{row}-{max_steps}-{time.time():.0f}"
     summary = os.path.join(workdir, tag + ".json")
     common = [f"--model={model}", f"--epochs={epochs}", f"--max_steps={max_steps}",
@@ -218,12 +221,13 @@ def run_peer(model, row, max_steps, epochs, workdir, timeout, warmup):
     else:
         port = 29500 + int(time.time() * 1000) % 400
         procs, rcs = [], []
-        for r in range(2):
-            env = dict(ENV, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port))
+        for r, (core, _, prefix) in enumerate(ranks):
+            env = dict(ENV, RANK=str(r), WORLD_SIZE=str(len(ranks)),
+                       MASTER_ADDR=ranks[0][1], MASTER_PORT=str(port), **(extra_env or {}))
             out = open(os.path.join(workdir, f"{tag}.rank{r}.log"), "w")
             procs.append((subprocess.Popen(
-                ["taskset", "-c", str(r), PY, os.path.join(HERE, "peer_ddp.py")] + common,
+                [*prefix, "taskset", "-c", str(core), PY,
+                 os.path.join(HERE, "peer_ddp.py")] + common,
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                 start_new_session=True), out))
         for p, out in procs:
@@ -241,11 +245,20 @@ def run_peer(model, row, max_steps, epochs, workdir, timeout, warmup):
     return s
 
 
-class Cluster:
-    """A coordinator and two worker daemons (w-1 on core 0, w-2 on core 1),
-    as deploy/demo.sh starts them."""
+# Where the workers of a Cluster run: (worker id, core, host address, argv
+# prefix that runs a command on that host). The default: two daemons on
+# this host's loopback, as deploy/demo.sh starts them.
+LOOPBACK_WORKERS = (("w-1", 0, "127.0.0.1", ()), ("w-2", 1, "127.0.0.1", ()))
 
-    def __init__(self, workdir, bin_dir=BIN, name="cluster"):
+
+class Cluster:
+    """A coordinator and worker daemons, each worker pinned to its core: by
+    default w-1 on core 0 and w-2 on core 1 on loopback, as deploy/demo.sh
+    starts them; bench/cluster/run.py places them on emulated hosts
+    (`workers`, the coordinator on `host`, which must be this process's)."""
+
+    def __init__(self, workdir, bin_dir=BIN, name="cluster", workers=LOOPBACK_WORKERS,
+                 host="127.0.0.1", extra_flags=()):
         self.procs = []
         self.workdir = os.path.join(workdir, name)
         os.makedirs(self.workdir, exist_ok=True)
@@ -253,17 +266,18 @@ class Cluster:
         clog = os.path.join(workdir, "coordinator.log")
         self.procs.append(self._start(
             [os.path.join(bin_dir, "coordinator", "apapo-coordinator"),
-             "--host=127.0.0.1", "--port=0", "--metrics_port=0",
-             f"--state={os.path.join(workdir, 'coordinator.db')}"], clog))
+             f"--host={host}", "--port=0", "--metrics_port=0",
+             f"--state={os.path.join(workdir, 'coordinator.db')}", *extra_flags], clog))
         self.port = int(self._wait(clog, r"listening on port (\d+)"))
-        for i, worker_id in enumerate(["w-1", "w-2"]):
+        for worker_id, core, address, prefix in workers:
             wlog = os.path.join(workdir, f"{worker_id}.log")
             self.procs.append(self._start(
-                ["taskset", "-c", str(i), os.path.join(bin_dir, "worker", "apapo-worker"),
-                 f"--coordinator=127.0.0.1:{self.port}",
+                [*prefix, "taskset", "-c", str(core),
+                 os.path.join(bin_dir, "worker", "apapo-worker"),
+                 f"--coordinator={host}:{self.port}", f"--host={address}",
                  f"--id={worker_id}", "--threads=1"], wlog))
             self._wait(wlog, r"registered as (\S+)")
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.channel = grpc.insecure_channel(f"{host}:{self.port}")
         self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
 
     def _start(self, argv, path):
@@ -307,14 +321,25 @@ class Cluster:
                            "busy_s": s.busy_seconds, "idle_s": s.idle_seconds,
                            "comm_s": s.comm_seconds} for s in job.progress.stages]}
         try:
-            p = self.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
+            plan = self.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+            p = plan.plan
             res["plan"] = (f"{plan_pb2.ScheduleKind.Name(p.schedule)}, "
                            f"{len(p.stages)} stage(s) x "
                            f"{[s.replicas for s in p.stages]} replica(s), "
                            f"m={p.micro_batches}, predicted "
                            f"{p.prediction.samples_per_second:.0f} samples/s"
-                           + "".join(f", split {x.node_id}/{x.parts}" for x in p.splits))
+                           + "".join(f", split {x.node_id}/{x.parts}" for x in p.splits)
+                           + "".join(f", stage {s.index} depth {s.in_flight_depth}"
+                                     for s in p.stages if s.in_flight_depth))
+            res["plan_notes"] = list(p.notes)
+            res["profile_source"] = plan.profile.source
             res["plan_alternatives"] = dict(p.prediction.alternatives_samples_per_second)
+            res["predicted_samples_per_s"] = p.prediction.samples_per_second
+            res["plan_kind"] = plan_pb2.ScheduleKind.Name(p.schedule)
+            res["plan_shape"] = [s.replicas for s in p.stages]
+            res["links"] = [{"from": l.from_worker, "to": l.to_worker,
+                             "bytes_per_s": l.bandwidth_bytes_per_second}
+                            for l in plan.cluster.links]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
         return res

@@ -1,0 +1,329 @@
+#!/usr/bin/python3
+"""Bandwidth-bound benchmark (issue 12): the mlp and the cnn trained across
+two emulated hosts (deploy/cluster-lab.sh) whose link is shaped to each of
+--links in turn, ours against one process and PyTorch DDP over the same
+link, with the planner's prediction beside every measured run.
+
+  /usr/bin/python3 bench/cluster/run.py          # after `bazel build //...`, as root
+  /usr/bin/python3 bench/cluster/run.py --links=unshaped,1gbit --models=mlp --rounds=1
+
+Layout: host 1 (198.18.0.1) runs the coordinator, worker w-1 on core 0 and
+DDP's rank 0; host 2 (198.18.0.2) runs w-2 on core 1 and rank 1. Nothing
+crosses loopback between them. The link is shaped on the two veth ends
+that feed the hosts (tc tbf, both directions); "unshaped" removes the
+shaping (a bare veth pair through a bridge).
+
+Rows (per model and link; `single` once per round, it uses no link):
+  single     apapo-worker --local=1 on one core (bench/runtime's row)
+  auto       ours, the planner's choice on the profile measured for this job
+  async      ours, async 2-stage pipeline forced (planned cut)
+  replicas2  ours, data parallelism forced (1 stage x 2 replicas)
+  ddp        PyTorch DDP, Gloo, rank per host
+Rounds are interleaved (links, and rows within a link, reversed every
+other round) because this machine's speed drifts; the table gives medians
+and per-round ratios. Every ours row reports the plan's predicted samples/s
+and the error (predicted / measured - 1).
+
+The script runs as root: it brings the lab up (prefix "apb"), re-runs itself
+inside host 1, and takes the lab down at the end, also on failure or
+SIGTERM (every process in the hosts is killed with them). Where namespaces
+are not allowed it prints why and exits 3. Results: results/<time>.json.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench", "runtime"))
+import run as rt  # noqa: E402  (bench/runtime/run.py: processes, specs, Cluster)
+
+LAB = os.path.join(ROOT, "deploy", "cluster-lab.sh")
+PREFIX = "apb"
+HOST = ("198.18.0.1", "198.18.0.2")
+ROWS = ["single", "auto", "async", "replicas2", "ddp"]
+LINKS = ["unshaped", "10gbit", "1gbit", "100mbit"]
+OURS = ("auto", "async", "replicas2")
+DP_ROWS = ("replicas2", "ddp")
+
+
+def on_host(i):
+    """argv prefix running a command on emulated host i (1-based)."""
+    return ("ip", "netns", "exec", f"{PREFIX}-h{i}")
+
+
+def unavailable():
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, tc)"
+    if not shutil.which("ip") or not shutil.which("tc") or not shutil.which("nsenter"):
+        return "needs iproute2 (ip, tc) and util-linux (nsenter)"
+    r = subprocess.run(["ip", "netns", "add", f"{PREFIX}probe"], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        return "network namespaces refused here: " + r.stderr.strip()
+    subprocess.run(["ip", "netns", "delete", f"{PREFIX}probe"], capture_output=True)
+    return None
+
+
+def outer(argv):
+    """Root namespace: the lab up, this script inside host 1, the lab down."""
+    reason = unavailable()
+    if reason:
+        print(f"bench/cluster: cannot run here: {reason}", file=sys.stderr)
+        return 3
+
+    def lab(*args):
+        subprocess.run(["bash", LAB, *args, f"--prefix={PREFIX}"], check=True, timeout=120)
+
+    child = None
+
+    def stop(signum, frame):
+        raise SystemExit(f"stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, stop)
+    # One rack: both hosts on one bridge; the rate set here is replaced per link.
+    lab("up", "--hosts=2", "--racks=1", "--rack-rate=10gbit")
+    try:
+        root_ns = f"/proc/{os.getpid()}/ns/net"
+        child = subprocess.Popen([*on_host(1), rt.PY, os.path.abspath(__file__),
+                                  f"--root_netns={root_ns}", *argv])
+        return child.wait()
+    finally:
+        if child and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        lab("down")
+
+
+class Link:
+    """Shapes the link between the two hosts: tbf on each host's veth end in
+    the root namespace (what enters a host) and on each host's eth0 (what
+    leaves it), or nothing for "unshaped"."""
+
+    def __init__(self, root_netns):
+        self.root = ("nsenter", f"--net={root_netns}")
+
+    def set(self, rate):
+        for i in (1, 2):
+            for prefix, dev in ((self.root, f"{PREFIX}v{i}"), (on_host(i), "eth0")):
+                subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"],
+                               capture_output=True)
+                if rate != "unshaped":
+                    subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root",
+                                    "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                                   check=True, capture_output=True)
+
+
+def measured_link(r):
+    """The slowest link this job's profiling measured, MB/s."""
+    links = [l["bytes_per_s"] for l in r.get("links", []) if l["bytes_per_s"] > 0]
+    return min(links) / 1e6 if links else None
+
+
+def summarize(results, models, links, rows):
+    table = {}
+    for model in models:
+        rounds = results["rounds"].get(model, [])
+        single = [r["single"]["samples_per_s"] for r in rounds
+                  if "samples_per_s" in r.get("single", {})]
+        table[model] = {"single": {"samples_per_s": single,
+                                   "median": statistics.median(single) if single else None}}
+        for link in links:
+            t = table[model][link] = {}
+            for row in rows:
+                if row == "single":
+                    continue
+                runs = [(r, r.get(link, {}).get(row, {})) for r in rounds]
+                ok = [(r, x) for r, x in runs if "samples_per_s" in x]
+                sps = [x["samples_per_s"] for _, x in ok]
+
+                def ratio(other_link, other_row):
+                    out = []
+                    for r, x in ok:
+                        o = (r.get("single") if other_row == "single"
+                             else r.get(other_link, {}).get(other_row, {}))
+                        if o and o.get("samples_per_s"):
+                            out.append(x["samples_per_s"] / o["samples_per_s"])
+                    return out
+                errs = [x["predicted_samples_per_s"] / x["samples_per_s"] - 1 for _, x in ok
+                        if x.get("predicted_samples_per_s")]
+                cell = {
+                    "samples_per_s": sps,
+                    "median": statistics.median(sps) if sps else None,
+                    "x_single": ratio(None, "single"),
+                    "x_ddp": ratio(link, "ddp"),
+                    "x_unshaped": ratio("unshaped", row) if link != "unshaped" else [],
+                    "prediction_error": errs,
+                    "plans": [x.get("plan") for _, x in ok],
+                    "link_mb_per_s": [measured_link(x) for _, x in ok],
+                    "failures": [x.get("error") for _, x in runs if x and "error" in x],
+                }
+                for k in ("x_single", "x_ddp", "x_unshaped", "prediction_error"):
+                    cell["median_" + k] = statistics.median(cell[k]) if cell[k] else None
+                t[row] = cell
+    return table
+
+
+def print_table(table, links, rows):
+    lines = []
+    for model, t in table.items():
+        s = t["single"]
+        lines.append(f"\n{model}: single process, 1 core: "
+                     + ", ".join(f"{v:.0f}" for v in s["samples_per_s"]) + " samples/s")
+        lines.append(f"  {'link':9}{'row':10}{'samples/s':>10}{'x single':>9}{'x DDP':>7}"
+                     f"{'x unshaped':>11}{'pred err':>9}{'link MB/s':>10}  plan (first round)")
+        for link in links:
+            for row in rows:
+                c = t.get(link, {}).get(row)
+                if not c:
+                    continue
+
+                def f(v, pct=False):
+                    if v is None:
+                        return "-"
+                    return f"{100 * v:+.0f}%" if pct else f"{v:.2f}"
+                mb = [v for v in c["link_mb_per_s"] if v]
+                sps = "%.0f" % c["median"] if c["median"] else "FAILED"
+                mbs = "%.0f" % statistics.median(mb) if mb else "-"
+                plan = (c["plans"][0] or "") if c["plans"] else "; ".join(c["failures"])[:120]
+                lines.append(
+                    f"  {link:9}{row:10}{sps:>10}"
+                    f"{f(c['median_x_single']):>9}{f(c['median_x_ddp']):>7}"
+                    f"{f(c['median_x_unshaped']):>11}{f(c['median_prediction_error'], True):>9}"
+                    f"{mbs:>10}  {plan}")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def inner(a):
+    models = a.models.split(",")
+    links = a.links.split(",")
+    rows = [r for r in ROWS if r in a.rows.split(",")]
+    bad = [l for l in links if l != "unshaped" and not l.endswith("bit")]
+    if bad:
+        sys.exit(f"--links: {bad} is not 'unshaped' or a tc rate like 1gbit")
+    link = Link(a.root_netns)
+    workdir = tempfile.mkdtemp(prefix="apapo-bench-cluster-")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    os.makedirs(a.out, exist_ok=True)
+    out_path = os.path.join(a.out, f"{stamp}.json")
+    results = {"started": stamp, "machine": rt.machine(), "blas": rt.blas(),
+               "args": vars(a), "workdir": workdir, "rounds": {m: [] for m in models}}
+    try:
+        results["commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"],
+                                           capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+
+    def save():
+        results["table"] = summarize(results, models, links, rows)
+        results["elapsed_s"] = time.time() - rt.T0
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(out_path + ".tmp", out_path)
+
+    workers = (("w-1", 0, HOST[0], ()), ("w-2", 1, HOST[1], on_host(2)))
+    cluster = None
+    try:
+        if any(r in OURS for r in rows):
+            # --insecure: the lab's hosts are namespaces of this machine only.
+            cluster = rt.Cluster(workdir, workers=workers, host=HOST[0],
+                                 extra_flags=("--insecure",))
+            rt.log(f"coordinator on {HOST[0]}:{cluster.port}; w-1 on host 1 (core 0), "
+                   f"w-2 on host 2 (core 1)")
+        ranks = ((0, HOST[0], ()), (1, HOST[1], on_host(2)))
+        for rnd in range(a.rounds):
+            for model in models:
+                full = a.warmup + (a.mlp_steps if model == "mlp" else a.cnn_steps)
+                this = {}
+                if "single" in rows:
+                    this["single"] = rt.run_local(model, "single", full, 1, workdir,
+                                                  a.run_timeout_s)
+                    rt.log(f"round {rnd + 1} {model} single: "
+                           f"{this['single'].get('samples_per_s', 0):.0f} samples/s")
+                for l in (links if rnd % 2 == 0 else links[::-1]):
+                    link.set(l)
+                    this[l] = {}
+                    for row in (rows if rnd % 2 == 0 else rows[::-1]):
+                        if row == "single":
+                            continue
+                        slow = l != "unshaped" and rate_bits(l) <= 1e9
+                        steps = (a.dp_warmup + a.dp_steps) if row in DP_ROWS and slow else full
+                        warm = a.dp_warmup if row in DP_ROWS and slow else a.warmup
+                        t = time.time()
+                        if row in OURS:
+                            r = cluster.run(model, row, steps, 1, a.run_timeout_s)
+                        else:
+                            r = rt.run_peer(model, row, steps, 1, workdir, a.run_timeout_s,
+                                            warm, ranks=ranks,
+                                            extra_env={"GLOO_SOCKET_IFNAME": "eth0"})
+                        r["steps_run"] = steps
+                        this[l][row] = r
+                        pred = r.get("predicted_samples_per_s")
+                        rt.log(f"round {rnd + 1} {model} {l:8} {row:9} "
+                               + (f"{r['samples_per_s']:7.1f} samples/s"
+                                  + (f", predicted {pred:.0f} ({pred / r['samples_per_s'] - 1:+.0%})"
+                                     if pred else "")
+                                  + (f", link {measured_link(r):.0f} MB/s" if measured_link(r) else "")
+                                  + (f"  [{r.get('plan')}]" if r.get("plan") else "")
+                                  if "samples_per_s" in r else f"FAILED {r.get('error', '')[:300]}")
+                               + f"  ({time.time() - t:.0f}s)")
+                results["rounds"][model].append(this)
+                save()
+    finally:
+        if cluster:
+            cluster.close()
+        save()
+    results["table_text"] = print_table(results["table"], links, rows)
+    save()
+    rt.log(f"results: {out_path}")
+    return 0
+
+
+def rate_bits(rate):
+    for suffix, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1)):
+        if rate.endswith(suffix):
+            return float(rate[:-len(suffix)]) * scale
+    raise ValueError(rate)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--links", default=",".join(LINKS))
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--mlp_steps", type=int, default=100)
+    ap.add_argument("--cnn_steps", type=int, default=30)
+    ap.add_argument("--dp_warmup", type=int, default=2,
+                    help="warm-up steps of the data-parallel rows at <= 1 Gbit/s, "
+                         "where one step takes seconds")
+    ap.add_argument("--dp_steps", type=int, default=10)
+    ap.add_argument("--run_timeout_s", type=float, default=600)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--root_netns", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if not a.root_netns:
+        return outer(sys.argv[1:])
+    for path in (rt.WORKER, rt.COORDINATOR):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} missing: run `bazel build //...` first")
+    signal.signal(signal.SIGTERM, rt._terminate)
+    return inner(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
