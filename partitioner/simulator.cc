@@ -62,14 +62,10 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   so.kind = kind;
   so.num_stages = p;
   for (const StagePlan& s : plan.stages) so.replicas.push_back(s.replicas);
+  // The planned depths (0: the default), which only the async schedule takes.
   if (kind == schedule::ScheduleKind::kAsync) {
     for (const StagePlan& s : plan.stages) {
-      if (s.in_flight_depth > 0) {
-        for (const StagePlan& t : plan.stages) {
-          so.in_flight_depth.push_back(t.in_flight_depth);
-        }
-        break;
-      }
+      so.in_flight_depth.push_back(s.in_flight_depth);
     }
   }
   so.micro_batches_per_iteration =

@@ -299,9 +299,9 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   // Bounded: a calibration pass disturbed by another process must not
   // distort the profile beyond what the two methods can differ by.
   const double factor =
-      node_sum > 0 ? std::clamp((cal->step_seconds - cal->update_seconds) /
-                                    (node_sum * 1.0),
-                                0.5, 4.0)
+      node_sum > 0 ? std::clamp(
+                         (cal->step_seconds - cal->update_seconds) / node_sum,
+                         0.5, 4.0)
                    : 1.0;
 
   apapo::v1::ProfileResult result;
