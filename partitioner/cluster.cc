@@ -150,6 +150,11 @@ std::string DescribeCluster(const Cluster& cluster) {
     absl::StrAppend(&out, ", memory ", cluster.memory_bytes, " B");
   }
   if (cluster.heterogeneous()) absl::StrAppend(&out, ", heterogeneous");
+  if (cluster.transfer_cpu_seconds_per_byte > 0) {
+    absl::StrAppend(&out, ", transfers ",
+                    cluster.transfer_cpu_seconds_per_byte * 1e9,
+                    " ns of CPU per byte");
+  }
   return out;
 }
 

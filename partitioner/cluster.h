@@ -39,6 +39,12 @@ struct Cluster {
   std::vector<Level> levels;  // innermost first; never empty once valid
   double memory_bytes = 0;    // per device; 0 = unlimited
   std::vector<double> speeds;  // per worker; empty = all 1.0
+  // CPU seconds a worker spends per activation byte it sends or receives
+  // (serialisation and socket copies), taken from its own compute: a stage
+  // pays it for every byte crossing its cuts, both ways, on top of the
+  // wire time that overlaps compute. 0: transfers cost no compute (as in
+  // PipeDream). The kPipeDream cost model ignores it.
+  double transfer_cpu_seconds_per_byte = 0;
 
   int num_workers() const;
   double speed(int worker) const {

@@ -6,6 +6,7 @@
 // reason" on stderr), 3 no plan fits in memory.
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -34,6 +35,9 @@ ABSL_FLAG(std::string, levels, "",
 ABSL_FLAG(std::string, memory, "", "memory per device, e.g. 16G or 16Gi");
 ABSL_FLAG(std::string, speeds, "",
           "relative speed per worker, e.g. 4*1.0,4*0.5 (default all 1)");
+ABSL_FLAG(double, transfer_cpu_ns_per_byte, 0,
+          "worker CPU per activation byte sent or received, charged to the "
+          "stage's compute (apapo cost model; 0: none)");
 ABSL_FLAG(std::string, schedule, "async", "async, 2bw, gpipe, 1f1b_flush");
 ABSL_FLAG(std::string, cost_model, "apapo", "apapo or pipedream");
 ABSL_FLAG(double, activation_compression_ratio, 1.0,
@@ -124,6 +128,11 @@ int Run() {
     return Fail(2, absl::StrCat("--workers/--levels/--memory/--speeds: ",
                                 cluster.status().message()));
   }
+  const double transfer_cpu = absl::GetFlag(FLAGS_transfer_cpu_ns_per_byte);
+  if (!(transfer_cpu >= 0) || !std::isfinite(transfer_cpu)) {
+    return Fail(2, "--transfer_cpu_ns_per_byte: must be a finite number >= 0");
+  }
+  cluster->transfer_cpu_seconds_per_byte = transfer_cpu * 1e-9;
   PlannerOptions options;
   absl::StatusOr<schedule::ScheduleKind> kind =
       schedule::ParseScheduleKind(absl::GetFlag(FLAGS_schedule));

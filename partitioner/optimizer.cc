@@ -666,6 +666,8 @@ struct LevelContext {
   int inner_fanout;          // n_{l-1} (1 at level 0)
   const LevelTable* inner;   // nullptr at level 0
   double speed;              // level-0 compute speed
+  // CPU seconds per byte sent or received (kApapo only; 0 otherwise).
+  double transfer_cpu = 0;
   // Memory (level 0 only).
   double memory = 0;
   int total_workers = 1;
@@ -782,6 +784,13 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
             transfer = std::max(transfer, 2.0 * st.out[j] /
                                               (ctx.bandwidth * ctx.rho));
           }
+        }
+        // The copies of those transfers, both ways, take the stage's CPU.
+        if (ctx.transfer_cpu > 0) {
+          double crossing = 0;
+          if (!first || i != 0) crossing += st.out[k];
+          if (j != st.full) crossing += st.out[j];
+          base += 2.0 * crossing / ctx.rho * ctx.transfer_cpu;
         }
         const double ar_divisor =
             (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
@@ -1099,6 +1108,18 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       stage.forward_seconds += graph.node(v).forward_seconds;
       stage.backward_seconds += graph.node(v).backward_seconds;
     }
+    // The stage's share of its transfers' copies: activations in and out
+    // on the forward pass, their gradients on the backward pass.
+    if (!pipedream && cluster.transfer_cpu_seconds_per_byte > 0 && p > 1) {
+      double crossing = 0;
+      if (s > 0) crossing += st.out[f.k];
+      if (s + 1 < p) crossing += st.out[f.j];
+      stage.transfer_cpu_seconds =
+          crossing / rho * cluster.transfer_cpu_seconds_per_byte;
+      stage.forward_seconds += stage.transfer_cpu_seconds;
+      stage.backward_seconds += stage.transfer_cpu_seconds;
+      stage.compute_seconds += 2.0 * stage.transfer_cpu_seconds / r;
+    }
     if (s + 1 < p) {
       std::vector<int> both = f.workers;
       both.insert(both.end(), flat[s + 1].workers.begin(),
@@ -1111,6 +1132,13 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
     bottleneck = std::max(bottleneck, stage.time_seconds);
     busy_sum += stage.time_seconds;
+    if (stage.transfer_cpu_seconds > 0) {
+      plan->notes.push_back(absl::StrFormat(
+          "stage %d spends %.3g ms of CPU per mini-batch on its transfers "
+          "(%.3g ns per byte, both ways), counted as compute",
+          s, 2e3 * stage.transfer_cpu_seconds / r,
+          cluster.transfer_cpu_seconds_per_byte * 1e9));
+    }
   }
   if (options.schedule == schedule::ScheduleKind::kAsync &&
       options.cost_model == CostModel::kApapo) {
@@ -1292,6 +1320,9 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.inner_fanout = l == 0 ? 1 : cluster.levels[l - 1].fanout;
     ctx.inner = l == 0 ? nullptr : &tables[l - 1];
     ctx.speed = mean_speed;
+    ctx.transfer_cpu = options.cost_model == CostModel::kApapo
+                           ? cluster.transfer_cpu_seconds_per_byte
+                           : 0;
     ctx.memory = cluster.memory_bytes;
     ctx.total_workers = cluster.num_workers();
     ctx.single_level = L == 1;

@@ -10,7 +10,7 @@
 //
 //   A(i, j, m) = min over k with D_i <= D_k < D_j, 1 <= y <= m of
 //                  max( A(i, k, m - y), T(k, j, y) )       A(i, i, m) = 0
-//   T(k, j, y) = max( (B(k, j) + AR(P_kj, y)) / y,          stage compute
+//   T(k, j, y) = max( (B(k, j) + C(k, j) + AR(P_kj, y)) / y, stage compute
 //                     2 * Out(k) / (bw * y * rho),            input transfer
 //                     2 * Out(j) / (bw * y * rho) )           output transfer
 //   AR(P, y)   = 4 * (y - 1) * P / (bw * y)                 PipeDream all-reduce
@@ -18,7 +18,9 @@
 // B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
 // l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
 // P_kj its parameter bytes; Out(k) the activation bytes crossing cut k; bw the
-// level's bandwidth; rho the activation compression ratio. A(i, j, m) uses at
+// level's bandwidth; rho the activation compression ratio; C(k, j) the CPU
+// the stage's transfers take from its compute, 2 (Out(k) + Out(j)) / rho x
+// Cluster::transfer_cpu_seconds_per_byte (kApapo only, 0 when unmeasured). A(i, j, m) uses at
 // most m units, so it is non-increasing in m; with T made non-increasing in y
 // (prefix minimum) the inner min over y is found by a moving crossing point,
 // O(M) per (k, j) pair instead of PipeDream's O(M^2).
@@ -109,6 +111,10 @@ struct StagePlan {
   int replicas = 1;
   std::vector<int> workers;  // worker index per replica
   double compute_seconds = 0;    // per mini-batch, after replicas and speed
+  // Of which: one pass's CPU for the stage's transfers (sends and receives
+  // of one direction; charged to forward and to backward), per mini-batch
+  // on one replica; see Cluster::transfer_cpu_seconds_per_byte.
+  double transfer_cpu_seconds = 0;
   double allreduce_seconds = 0;  // per mini-batch
   double comm_seconds = 0;       // max(input, output) transfer per mini-batch
   double time_seconds = 0;       // max(compute + allreduce, comm)

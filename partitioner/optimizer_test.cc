@@ -371,6 +371,89 @@ TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
   EXPECT_EQ(bounded->stages[0].staleness, 1);
 }
 
+// Two layers of 50 ms forward, 100 ms backward and 25 MB of weights, with
+// 19 MB of activations between them: at 1 GB/s the wire hides under the
+// compute, and only the copies' CPU can tell a pipeline from replicas.
+Graph WideCut() {
+  Graph g;
+  Node a;
+  a.id = "conv";
+  a.forward_seconds = 0.05;
+  a.backward_seconds = 0.1;
+  a.activation_bytes = 19e6;
+  a.parameter_bytes = 25e6;
+  Node b = a;
+  b.id = "head";
+  b.activation_bytes = 1e3;
+  const int u = g.AddNode(a);
+  const int v = g.AddNode(b);
+  EXPECT_TRUE(g.AddEdge(u, v).ok());
+  EXPECT_TRUE(g.Validate().ok());
+  return g;
+}
+
+TEST(OptimizerTest, TransferCopiesTakeTheStagesCpu) {
+  const Graph g = WideCut();
+  absl::StatusOr<Cluster> c = MakeCluster(2, "2:1e9", "", "");
+  ASSERT_TRUE(c.ok());
+  // Without the copies' CPU: stages of 150 ms (the 38 ms link overlaps)
+  // beat replicas at (300 + 100 ms all-reduce) / 2 = 200 ms.
+  absl::StatusOr<Plan> free_copies = PlanPipeline(g, *c, PlannerOptions());
+  ASSERT_TRUE(free_copies.ok()) << free_copies.status();
+  ASSERT_EQ(free_copies->stages.size(), 2u);
+  EXPECT_NEAR(free_copies->bottleneck_seconds, 0.15, 1e-9);
+
+  // At 2 ns per byte each stage also spends 2 x 19 MB x 2 ns = 76 ms
+  // copying: 226 ms, so the replicas win (the cnn on one-core workers).
+  Cluster copying = *c;
+  copying.transfer_cpu_seconds_per_byte = 2e-9;
+  absl::StatusOr<Plan> replicas = PlanPipeline(g, copying, PlannerOptions());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  ASSERT_EQ(replicas->stages.size(), 1u);
+  EXPECT_EQ(replicas->stages[0].replicas, 2);
+  EXPECT_NEAR(replicas->bottleneck_seconds, 0.2, 1e-9);
+  absl::StatusOr<Plan> dp = DataParallelPlan(g, copying, PlannerOptions());
+  ASSERT_TRUE(dp.ok());
+  EXPECT_NEAR(dp->bottleneck_seconds, replicas->bottleneck_seconds, 1e-9);
+
+  // Cheaper copies keep the pipeline; the stage's times include them, for
+  // the simulator too, and a note says how much.
+  copying.transfer_cpu_seconds_per_byte = 0.5e-9;
+  absl::StatusOr<Plan> cheap = PlanPipeline(g, copying, PlannerOptions());
+  ASSERT_TRUE(cheap.ok()) << cheap.status();
+  ASSERT_EQ(cheap->stages.size(), 2u);
+  const double per_pass = 19e6 * 0.5e-9;  // 9.5 ms each way
+  for (const StagePlan& st : cheap->stages) {
+    EXPECT_NEAR(st.transfer_cpu_seconds, per_pass, 1e-12);
+    EXPECT_NEAR(st.compute_seconds, 0.15 + 2 * per_pass, 1e-9);
+    EXPECT_NEAR(st.forward_seconds, 0.05 + per_pass, 1e-9);
+    EXPECT_NEAR(st.backward_seconds, 0.1 + per_pass, 1e-9);
+  }
+  EXPECT_NEAR(cheap->bottleneck_seconds, 0.15 + 2 * per_pass, 1e-9);
+  bool noted = false;
+  for (const std::string& note : cheap->notes) {
+    noted |= absl::StrContains(
+        note, "stage 1 spends 19 ms of CPU per mini-batch on its transfers");
+  }
+  EXPECT_TRUE(noted) << absl::StrJoin(cheap->notes, "; ");
+  SimulationOptions sim;
+  sim.iterations = 32;
+  absl::StatusOr<SimulationResult> run =
+      Simulate(*cheap, copying, schedule::ScheduleKind::kAsync, sim);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NEAR(run->micro_batches_per_second, cheap->mini_batches_per_second,
+              0.03 * cheap->mini_batches_per_second);
+
+  // PipeDream's cost model has no such term.
+  PlannerOptions pd = PipeDreamOptions();
+  copying.transfer_cpu_seconds_per_byte = 2e-9;
+  absl::StatusOr<Plan> with = PlanPipeline(g, copying, pd);
+  absl::StatusOr<Plan> without = PlanPipeline(g, *c, pd);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(with->bottleneck_seconds, without->bottleneck_seconds);
+  EXPECT_EQ(with->stages.size(), without->stages.size());
+}
+
 TEST(OptimizerTest, GivesFastWorkersTheHeaviestStages) {
   const Graph g = LoadProfile("gnmt");
   absl::StatusOr<Cluster> c = MakeCluster(8, "", "", "4*0.5,4*2");

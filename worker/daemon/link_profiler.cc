@@ -4,6 +4,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -60,6 +62,15 @@ std::string PeerName(const ProfileCommand& c, int rank) {
 
 std::string Key(const std::string& phase, int rank) {
   return absl::StrCat(phase, "/", rank);
+}
+
+// CPU seconds this process has used, every thread together: Gloo's I/O
+// threads do the socket copies, and the kernel charges loopback delivery to
+// the sender.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 double Median(std::vector<double> v) {
@@ -129,6 +140,32 @@ class LinkStore {
 struct Figures {
   double bandwidth = 0;  // bytes/second
   double latency = 0;    // seconds
+  // This side's own figure, not exchanged: process CPU seconds per byte
+  // sent or received over the timed large round trips.
+  double cpu_per_byte = 0;
+};
+
+// Process CPU over the timed large messages of one side of an exchange.
+class CpuMeter {
+ public:
+  void Before(int64_t bytes, bool timed, int64_t small) {
+    if (timed && bytes != small && !running_) {
+      running_ = true;
+      start_ = ProcessCpuSeconds();
+    }
+  }
+  void After(int64_t bytes, bool timed, int64_t small) {
+    if (timed && bytes != small) handled_ += 2.0 * bytes;  // in and out
+  }
+  double PerByte() const {
+    if (!running_ || handled_ <= 0) return 0;
+    return std::max(0.0, ProcessCpuSeconds() - start_) / handled_;
+  }
+
+ private:
+  bool running_ = false;
+  double start_ = 0;
+  double handled_ = 0;
 };
 
 // The messages of one pair's exchange, in order: a warm-up and the timed
@@ -155,10 +192,12 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
   const at::Tensor large = torch::zeros({o.message_bytes}, torch::kUInt8);
   std::vector<double> small_rtt, large_rtt;
   const auto exchange = Exchange(o);
+  CpuMeter cpu;
   int64_t tag = 0;
   for (const auto& [bytes, timed] : exchange) {
     const at::Tensor& message = bytes == kSmallBytes ? small : large;
     if (absl::Status s = t.ExpectRecv(peer, tag + 1, bytes); !s.ok()) return s;
+    cpu.Before(bytes, timed, kSmallBytes);
     const Clock::time_point start = Clock::now();
     if (absl::Status s = t.Send(peer, tag, message); !s.ok()) return s;
     absl::StatusOr<at::Tensor> echo = t.Recv(peer, tag + 1);
@@ -166,9 +205,11 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
     const double rtt =
         std::chrono::duration<double>(Clock::now() - start).count();
     if (timed) (bytes == kSmallBytes ? small_rtt : large_rtt).push_back(rtt);
+    cpu.After(bytes, timed, kSmallBytes);
     tag += 2;
   }
   Figures f;
+  f.cpu_per_byte = cpu.PerByte();
   f.latency = Median(small_rtt) / 2;
   // One-way time of a large message, floored so a clock tick cannot make
   // the figure infinite.
@@ -184,12 +225,15 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
 // Rank `self` > `peer`: echoes every message, then takes the figures.
 absl::StatusOr<Figures> Respond(Transport& t, int peer,
                                 const LinkProfileOptions& o) {
+  CpuMeter cpu;
   int64_t tag = 0;
   for (const auto& [bytes, timed] : Exchange(o)) {
     if (absl::Status s = t.ExpectRecv(peer, tag, bytes); !s.ok()) return s;
+    cpu.Before(bytes, timed, kSmallBytes);
     absl::StatusOr<at::Tensor> message = t.Recv(peer, tag);
     if (!message.ok()) return message.status();
     if (absl::Status s = t.Send(peer, tag + 1, *message); !s.ok()) return s;
+    cpu.After(bytes, timed, kSmallBytes);
     tag += 2;
   }
   constexpr int64_t kFiguresBytes = 2 * sizeof(double);
@@ -198,9 +242,12 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
   }
   absl::StatusOr<at::Tensor> figures = t.Recv(peer, tag);
   if (!figures.ok()) return figures.status();
+  // Read once the figures are in: the initiator has the last echo by then.
+  const double cpu_per_byte = cpu.PerByte();
   if (absl::Status s = t.Flush(); !s.ok()) return s;
   const at::Tensor values = figures->view(torch::kDouble);
-  return Figures{values[0].item<double>(), values[1].item<double>()};
+  return Figures{values[0].item<double>(), values[1].item<double>(),
+                 cpu_per_byte};
 }
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
@@ -281,6 +328,7 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
       link.set_bandwidth_bytes_per_second(f->bandwidth);
       link.set_latency_seconds(f->latency);
       link.set_message_bytes(options.message_bytes);
+      link.set_cpu_seconds_per_byte(f->cpu_per_byte);
     }
   }
 

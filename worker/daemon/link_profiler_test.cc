@@ -3,6 +3,7 @@
 
 #include "worker/daemon/link_profiler.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <thread>
@@ -88,6 +89,17 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
   // One ping-pong, one figure: both ends report it.
   EXPECT_EQ(a.bandwidth_bytes_per_second(), b.bandwidth_bytes_per_second());
   EXPECT_EQ(a.latency_seconds(), b.latency_seconds());
+  // The CPU figure is each side's own. Both ranks share this process, so
+  // each counts both ends' copies; still, the process cannot have used
+  // more CPU than all its cores over the timed messages' wall time (the
+  // median one-way time is bytes / bandwidth; 2x for the spread of rounds).
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  for (const auto* link : {&a, &b}) {
+    EXPECT_GT(link->cpu_seconds_per_byte(), 0) << link->from_worker();
+    EXPECT_LT(link->cpu_seconds_per_byte(),
+              2.0 * cores / a.bandwidth_bytes_per_second())
+        << link->from_worker();
+  }
 }
 
 TEST(LinkProfilerTest, ThreeRanksMeasureEveryPair) {
