@@ -108,10 +108,15 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   for (int i = 0; i < static_cast<int>(links.size()) && i < kShownLinks; ++i) {
     const auto& l = links[i];
     absl::StrAppend(&out, absl::StrFormat(
-        "  link %s -> %s: %s, latency %.1f us (measured with %s messages)\n",
-        l.from_worker(), l.to_worker(),
-        FormatRate(l.bandwidth_bytes_per_second()), l.latency_seconds() * 1e6,
-        FormatBytes(l.message_bytes())));
+        "  link %s -> %s: %s, latency %.1f us", l.from_worker(), l.to_worker(),
+        FormatRate(l.bandwidth_bytes_per_second()),
+        l.latency_seconds() * 1e6));
+    if (l.cpu_seconds_per_byte() > 0) {
+      absl::StrAppend(&out, absl::StrFormat(", %.2f ns of CPU per byte",
+                                            l.cpu_seconds_per_byte() * 1e9));
+    }
+    absl::StrAppend(&out, absl::StrFormat(" (measured with %s messages)\n",
+                                          FormatBytes(l.message_bytes())));
   }
   if (links.size() > kShownLinks) {
     absl::StrAppend(&out, "  ... and ", links.size() - kShownLinks,

@@ -304,13 +304,15 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
     l->set_bandwidth_bytes_per_second(bw);
     l->set_latency_seconds(42e-6);
     l->set_message_bytes(4 << 20);
+    if (from == "w-a") l->set_cpu_seconds_per_byte(0.61e-9);
   }
   std::string table = FormatPlan(r);
   EXPECT_THAT(table, HasSubstr("network: 2 worker(s) at 250.0 MB/s (slowest measured link)"));
   EXPECT_THAT(table, Not(HasSubstr("assumed")));
   EXPECT_THAT(table, HasSubstr(
       "  link w-b -> w-a: 250.0 MB/s, latency 42.0 us (measured with 4.0 MiB messages)\n"
-      "  link w-a -> w-b: 3.00 GB/s"));
+      "  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU per byte "
+      "(measured with 4.0 MiB messages)\n"));
 
   r.mutable_cluster()->clear_links();
   level->set_group_size(1);

@@ -185,7 +185,7 @@ int Run() {
     if (dp.ok()) {
       absl::StatusOr<SimulationResult> r = Simulate(
           *dp, *cluster, schedule::ScheduleKind::kDataParallel, sim);
-      if (r.ok()) rows.push_back({"dp", r->micro_batches_per_second});
+      if (r.ok()) rows.push_back({"dp", r->mini_batches_per_second});
     }
     for (schedule::ScheduleKind k :
          {schedule::ScheduleKind::kGPipe, schedule::ScheduleKind::k1F1BFlush,
@@ -198,7 +198,7 @@ int Run() {
       absl::StatusOr<SimulationResult> r = Simulate(*p, *cluster, k, sim);
       if (r.ok()) {
         rows.push_back({std::string(schedule::ScheduleKindName(k)),
-                        r->micro_batches_per_second});
+                        r->mini_batches_per_second});
       }
     }
     double base = rows.empty() ? 0 : rows.front().rate;

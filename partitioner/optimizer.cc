@@ -739,11 +739,13 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
   t.choice_k.assign(cells, -1);
   t.choice_y.assign(cells, 0);
 
-  std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1);
+  std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1),
+      ring(M + 1);
   std::vector<int> targ(M + 1);
   for (int y = 1; y <= M; ++y) {
     inv[y] = 1.0 / y;
     frac4[y] = 4.0 * (y - 1) / y;
+    ring[y] = 2.0 * (y - 1) / y;
   }
   std::vector<char> is_super(S);
   for (size_t r = 0; r < starts.size(); ++r) {
@@ -794,11 +796,25 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         }
         const double ar_divisor =
             (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
-        // T(k, j, y) for y = 1..M, then its prefix minimum.
-        // AR(P, y) = 4 (y-1) P / (bw y), divided by the inner fan-out.
-        const double ar_coef = params / (ctx.bandwidth * ar_divisor);
-        for (int y = 1; y <= M; ++y) {
-          tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
+        // T(k, j, y) for y = 1..M, then its prefix minimum; P divided by
+        // the inner fan-out. PipeDream: AR(P, y) = 4 (y-1) P / (bw y),
+        // shared by the replicas like compute. Ours: the y replicas split
+        // each mini-batch and all wait for one ring all-reduce of
+        // 2 (y-1) P / y each way per mini-batch, which is not divided by y:
+        // 2 (y-1) P / y x max(1 / bw, 2 x CPU per byte).
+        double ar_coef = params / (ctx.bandwidth * ar_divisor);
+        // Each replica copies what it sends and receives, 2 x 2 (y-1)/y P,
+        // on its own CPU; where that is slower than the wire it binds.
+        ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
+        if (pipedream) {
+          for (int y = 1; y <= M; ++y) {
+            tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
+          }
+        } else {
+          for (int y = 1; y <= M; ++y) {
+            tv[y] = std::max(base * inv[y] + ar_coef * ring[y],
+                             transfer * inv[y]);
+          }
         }
         const bool memory_binds =
             ctx.memory > 0 && ctx.inner == nullptr &&
@@ -987,7 +1003,7 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
   for (int s = p - 2; s >= 0; --s) {
     const StagePlan& st = plan->stages[s];
     if (st.output_bandwidth > 0) {
-      round_trip += 2.0 * st.output_bytes / micro_batches / st.output_bandwidth;
+      round_trip += 2.0 * st.output_bytes / st.output_bandwidth;
     }
     const double period =
         st.replicas * bottleneck_seconds / std::max(1, micro_batches);
@@ -1084,7 +1100,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     const double ar_bw =
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
     stage.allreduce_seconds =
-        4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r;
+        pipedream ? 4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r
+                  : RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
+                                         cluster.transfer_cpu_seconds_per_byte);
     double comm = 0;
     if (!(pipedream && s == 0)) {
       if (s > 0) {
@@ -1104,9 +1122,12 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
     stage.comm_seconds = comm;
     stage.allreduce_bandwidth = ar_bw;
+    // The profile's figures are per mini-batch; one op of the simulator
+    // is one micro-batch, 1/m of it.
+    const double per_micro = 1.0 / plan->micro_batches;
     for (int v : stage.nodes) {
-      stage.forward_seconds += graph.node(v).forward_seconds;
-      stage.backward_seconds += graph.node(v).backward_seconds;
+      stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
+      stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
     }
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
@@ -1116,8 +1137,8 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       if (s + 1 < p) crossing += st.out[f.j];
       stage.transfer_cpu_seconds =
           crossing / rho * cluster.transfer_cpu_seconds_per_byte;
-      stage.forward_seconds += stage.transfer_cpu_seconds;
-      stage.backward_seconds += stage.transfer_cpu_seconds;
+      stage.forward_seconds += stage.transfer_cpu_seconds * per_micro;
+      stage.backward_seconds += stage.transfer_cpu_seconds * per_micro;
       stage.compute_seconds += 2.0 * stage.transfer_cpu_seconds / r;
     }
     if (s + 1 < p) {
@@ -1126,7 +1147,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
                   flat[s + 1].workers.end());
       stage.output_bandwidth =
           cluster.levels[SpanLevel(cluster, both)].bandwidth;
-      stage.output_bytes = st.out[f.j] / rho;
+      stage.output_bytes = st.out[f.j] / rho * per_micro;
     }
     stage.time_seconds =
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
@@ -1388,6 +1409,15 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     return s;
   }
   return plan;
+}
+
+double RingAllReduceSeconds(double parameter_bytes, int replicas,
+                            double bandwidth, double cpu_seconds_per_byte) {
+  if (replicas <= 1 || parameter_bytes <= 0) return 0;
+  const double moved = 2.0 * (replicas - 1) / replicas * parameter_bytes;
+  const double per_byte = std::max(bandwidth > 0 ? 1.0 / bandwidth : 0.0,
+                                   2.0 * cpu_seconds_per_byte);
+  return moved * per_byte;
 }
 
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

@@ -15,6 +15,11 @@
 //                     2 * Out(j) / (bw * y * rho) )           output transfer
 //   AR(P, y)   = 4 * (y - 1) * P / (bw * y)                 PipeDream all-reduce
 //
+// kApapo replaces the first term by (B(k, j) + C(k, j)) / y + 2 (y-1) P /
+// y x max(1 / bw, 2 c) (c: CPU per byte copied): our replicas split each
+// mini-batch and all wait for one ring all-reduce per mini-batch, which
+// moves 2 (y-1) / y of P each way (RingAllReduceSeconds).
+//
 // B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
 // l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
 // P_kj its parameter bytes; Out(k) the activation bytes crossing cut k; bw the
@@ -120,7 +125,8 @@ struct StagePlan {
   double time_seconds = 0;       // max(compute + allreduce, comm)
   double parameter_bytes = 0;
   double activation_bytes = 0;   // per micro-batch held for backward
-  // Per micro-batch on one speed-1 worker, unreplicated (simulator inputs).
+  // Per micro-batch (1/m of the profile's per mini-batch figures) on one
+  // speed-1 worker, unreplicated (simulator inputs).
   double forward_seconds = 0;
   double backward_seconds = 0;
   double output_bytes = 0;       // activations sent to the next stage
@@ -158,6 +164,14 @@ struct Plan {
   int64_t dp_steps = 0;      // see PlannerOptions::Budget::max_dp_steps
   std::vector<std::string> notes;
 };
+
+// One ring all-reduce of `parameter_bytes` over `replicas` workers, as the
+// apapo cost model and the simulator charge it: each replica sends and
+// receives 2 (R-1) / R of them, at the link's `bandwidth` or, where slower,
+// at its CPU's copy cost (`cpu_seconds_per_byte` per byte sent or received;
+// Cluster::transfer_cpu_seconds_per_byte). 0 for one replica.
+double RingAllReduceSeconds(double parameter_bytes, int replicas,
+                            double bandwidth, double cpu_seconds_per_byte);
 
 // Plans `graph` (validated) on `cluster`. Fails with INVALID_ARGUMENT on bad
 // options and RESOURCE_EXHAUSTED when no plan fits in memory or the search

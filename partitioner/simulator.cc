@@ -91,10 +91,11 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
     if (st.output_bandwidth > 0) comm[s] = st.output_bytes / st.output_bandwidth;
     const int r = st.replicas;
     if (r > 1 && st.allreduce_bandwidth > 0) {
-      // The planner's (PipeDream's) all-reduce cost, so predictions and
-      // simulations agree: 4 P / (R bw).
-      allreduce[s] =
-          4.0 * (r - 1) * st.parameter_bytes / (r * st.allreduce_bandwidth);
+      // One ring all-reduce per iteration, as the runtime runs it and the
+      // apapo cost model charges it.
+      allreduce[s] = RingAllReduceSeconds(st.parameter_bytes, r,
+                                          st.allreduce_bandwidth,
+                                          cluster.transfer_cpu_seconds_per_byte);
     }
   }
   std::vector<Replica> reps;
@@ -218,6 +219,8 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   result.seconds_per_iteration = (hi - lo) / (last - first);
   result.micro_batches_per_second =
       result.seconds_per_iteration > 0 ? m / result.seconds_per_iteration : 0;
+  result.mini_batches_per_second =
+      result.seconds_per_iteration > 0 ? 1.0 / result.seconds_per_iteration : 0;
   double busy_window = 0;
   for (const Replica& rep : reps) busy_window += Overlap(rep.intervals, lo, hi);
   result.bubble_fraction =

@@ -7,10 +7,12 @@
 // on stage s starts when stage s-1's kForward(j) finished plus the transfer
 // time of its output (bytes / link bandwidth); kBackward(j) likewise waits for
 // stage s+1's kBackward(j) plus the gradient transfer. Transfers overlap
-// compute (they run on their own threads in the runtime). kUpdate is a
-// collective over the stage's replicas lasting the planner's all-reduce time
-// 4 P / (R bw) (PipeDream's formula), zero for one replica. Transfers
-// add latency but do not contend for links (optimistic for comm-bound plans).
+// compute (they run on their own threads in the runtime); the CPU their
+// copies take is in the stage's forward/backward times when the planner
+// charged it. kUpdate is a collective over the stage's replicas lasting one
+// ring all-reduce (RingAllReduceSeconds), zero for one replica. Op times are
+// StagePlan's per micro-batch figures. Transfers add latency but do not
+// contend for links (optimistic for comm-bound plans).
 //
 // Thread-safety: Simulate is reentrant.
 
@@ -59,6 +61,9 @@ struct SimulationResult {
   // Steady state, measured over the middle half of the iterations.
   double seconds_per_iteration = 0;
   double micro_batches_per_second = 0;
+  // Iterations (one mini-batch of m micro-batches, one update) per second:
+  // what Plan::mini_batches_per_second predicts.
+  double mini_batches_per_second = 0;
   // 1 - busy / (devices x window): idle share of the devices in the steady
   // state window (the middle half of the iterations).
   double bubble_fraction = 0;

@@ -19,6 +19,7 @@
 #ifndef APAPO_PLANNING_NETWORK_LEVELS_H_
 #define APAPO_PLANNING_NETWORK_LEVELS_H_
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,22 @@ struct NetworkLevels {
 NetworkLevels InferNetworkLevels(
     const std::vector<std::string>& workers,
     const std::vector<apapo::v1::LinkMeasurement>& links);
+
+// The CPU a worker spends per byte it sends or receives, from what the
+// links measured (LinkMeasurement.cpu_seconds_per_byte): the median of the
+// positive finite figures, so one disturbed measurement does not move the
+// plan; 0 when none was measured.
+template <typename Links>
+double TransferCpuSecondsPerByte(const Links& links) {
+  std::vector<double> cpu;
+  for (const apapo::v1::LinkMeasurement& link : links) {
+    const double c = link.cpu_seconds_per_byte();
+    if (c > 0 && c < 1) cpu.push_back(c);  // < 1 s per byte: finite, sane
+  }
+  if (cpu.empty()) return 0;
+  std::nth_element(cpu.begin(), cpu.begin() + cpu.size() / 2, cpu.end());
+  return cpu[cpu.size() / 2];
+}
 
 }  // namespace apapo::planning
 

@@ -1,7 +1,6 @@
 #include "planning/partitioner_planner.h"
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 #include <utility>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
+#include "planning/network_levels.h"
 #include "planning/stage_plan.h"
 
 namespace apapo::planning {
@@ -52,19 +52,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   }
   if (!heterogeneous) cluster.speeds.clear();
   cluster.memory_bytes = memory;
-  // The copies' CPU per byte, as the workers measured it over their links:
-  // the median, so one disturbed measurement does not move the plan.
-  std::vector<double> cpu;
-  for (const auto& link : spec.links()) {
-    if (link.cpu_seconds_per_byte() > 0 &&
-        std::isfinite(link.cpu_seconds_per_byte())) {
-      cpu.push_back(link.cpu_seconds_per_byte());
-    }
-  }
-  if (!cpu.empty()) {
-    std::nth_element(cpu.begin(), cpu.begin() + cpu.size() / 2, cpu.end());
-    cluster.transfer_cpu_seconds_per_byte = cpu[cpu.size() / 2];
-  }
+  cluster.transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
   return cluster;
 }
 

@@ -12,6 +12,7 @@
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
 #include "partitioner/simulator.h"
+#include "planning/network_levels.h"
 #include "schedule/span_kind.h"
 
 namespace apapo::planning {
@@ -103,6 +104,17 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
         break;
       }
     }
+  }
+  // What the planner charges too: the copies of a stage's transfers take
+  // its CPU, activations in and out forward, their gradients backward.
+  const double cpu_per_byte = TransferCpuSecondsPerByte(spec.links());
+  cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
+  for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
+    double crossing = p.stages[s].output_bytes;
+    if (s > 0) crossing += p.stages[s - 1].output_bytes;
+    p.stages[s].transfer_cpu_seconds = crossing * cpu_per_byte;
+    p.stages[s].forward_seconds += p.stages[s].transfer_cpu_seconds;
+    p.stages[s].backward_seconds += p.stages[s].transfer_cpu_seconds;
   }
 
   pt::SimulationOptions options;

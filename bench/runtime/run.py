@@ -338,7 +338,8 @@ class Cluster:
             res["plan_kind"] = plan_pb2.ScheduleKind.Name(p.schedule)
             res["plan_shape"] = [s.replicas for s in p.stages]
             res["links"] = [{"from": l.from_worker, "to": l.to_worker,
-                             "bytes_per_s": l.bandwidth_bytes_per_second}
+                             "bytes_per_s": l.bandwidth_bytes_per_second,
+                             "cpu_ns_per_byte": l.cpu_seconds_per_byte * 1e9}
                             for l in plan.cluster.links]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
