@@ -10,25 +10,28 @@
 //
 //   A(i, j, m) = min over k with D_i <= D_k < D_j, 1 <= y <= m of
 //                  max( A(i, k, m - y), T(k, j, y) )       A(i, i, m) = 0
-//   T(k, j, y) = max( (B(k, j) + C(k, j) + AR(P_kj, y)) / y, stage compute
+//   T(k, j, y) = max( (B(k, j) + AR(P_kj, y)) / y,          stage compute
 //                     2 * Out(k) / (bw * y * rho),            input transfer
 //                     2 * Out(j) / (bw * y * rho) )           output transfer
 //   AR(P, y)   = 4 * (y - 1) * P / (bw * y)                 PipeDream all-reduce
 //
-// kApapo replaces the first term by (B(k, j) + C(k, j)) / y + 2 (y-1) P /
-// y x max(1 / bw, 2 c) (c: CPU per byte copied): our replicas split each
+// kApapo replaces the first term by (B(k, j) + C(k, j)) / y + R(P_kj, y),
+// R(P, y) = 2 (y - 1) P / y * max(1 / bw, 2 c): our replicas split each
 // mini-batch and all wait for one ring all-reduce per mini-batch, which
-// moves 2 (y-1) / y of P each way (RingAllReduceSeconds).
+// moves 2 (y - 1) / y of P each way, at the link's rate or at the copies'
+// (RingAllReduceSeconds).
 //
 // B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
 // l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
 // P_kj its parameter bytes; Out(k) the activation bytes crossing cut k; bw the
-// level's bandwidth; rho the activation compression ratio; C(k, j) the CPU
-// the stage's transfers take from its compute, 2 (Out(k) + Out(j)) / rho x
-// Cluster::transfer_cpu_seconds_per_byte (kApapo only, 0 when unmeasured). A(i, j, m) uses at
-// most m units, so it is non-increasing in m; with T made non-increasing in y
-// (prefix minimum) the inner min over y is found by a moving crossing point,
-// O(M) per (k, j) pair instead of PipeDream's O(M^2).
+// level's bandwidth; rho the activation compression ratio; c the CPU a
+// worker spends per byte it sends or receives
+// (Cluster::transfer_cpu_seconds_per_byte, 0 when unmeasured) and C(k, j) =
+// 2 (Out(k) + Out(j)) / rho * c what the stage's transfers take from its
+// compute. A(i, j, m) uses at most m units, so it is non-increasing in m;
+// with T made non-increasing in y (prefix minimum) the inner min over y is
+// found by a moving crossing point, O(M) per (k, j) pair instead of
+// PipeDream's O(M^2).
 //
 // Cost models:
 //   kPipeDream  bit-for-bit PipeDream's optimizer_graph_hierarchical.py: Input
