@@ -122,6 +122,18 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
     absl::StrAppend(&out, "  ... and ", links.size() - kShownLinks,
                     " more link(s)\n");
   }
+  // The all-reduce the workers timed (the median of their timings).
+  std::vector<apapo::v1::AllReduceMeasurement> reduces(
+      cluster.allreduces().begin(), cluster.allreduces().end());
+  if (!reduces.empty()) {
+    std::sort(reduces.begin(), reduces.end(), [](const auto& a, const auto& b) {
+      return a.seconds() < b.seconds();
+    });
+    const auto& a = reduces[reduces.size() / 2];
+    absl::StrAppend(&out, absl::StrFormat(
+        "  all-reduce of %s over %d worker(s): %.1f ms (median of %d timing(s))\n",
+        FormatBytes(a.bytes()), a.ranks(), a.seconds() * 1e3, reduces.size()));
+  }
   return out;
 }
 

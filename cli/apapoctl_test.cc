@@ -313,6 +313,16 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
       "  link w-b -> w-a: 250.0 MB/s, latency 42.0 us (measured with 4.0 MiB messages)\n"
       "  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU per byte "
       "(measured with 4.0 MiB messages)\n"));
+  EXPECT_THAT(table, Not(HasSubstr("all-reduce of")));
+  for (double seconds : {0.030, 0.012, 0.015}) {
+    auto* a = r.mutable_cluster()->add_allreduces();
+    a->set_ranks(2);
+    a->set_bytes(4 << 20);
+    a->set_seconds(seconds);
+  }
+  EXPECT_THAT(FormatPlan(r),
+              HasSubstr("  all-reduce of 4.0 MiB over 2 worker(s): 15.0 ms "
+                        "(median of 3 timing(s))\n"));
 
   r.mutable_cluster()->clear_links();
   level->set_group_size(1);

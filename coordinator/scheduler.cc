@@ -391,6 +391,10 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
     }
   }
   for (const auto& link : links) *cluster.add_links() = link;
+  for (const std::string& w : a.workers) {
+    const apapo::v1::ProfileResult& r = a.profiles[w];
+    if (r.has_allreduce()) *cluster.add_allreduces() = r.allreduce();
+  }
   if (levels.levels.empty()) {  // nothing measured (one worker)
     apapo::v1::NetworkLevel* level = cluster.add_levels();
     level->set_group_size(static_cast<int>(a.workers.size()));

@@ -1,5 +1,6 @@
 #include "partitioner/cluster.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -139,6 +140,15 @@ absl::StatusOr<Cluster> MakeCluster(int workers, absl::string_view levels,
   return cluster;
 }
 
+double RingAllReduceSeconds(double parameter_bytes, int replicas,
+                            double bandwidth, double cpu_seconds_per_byte) {
+  if (replicas <= 1 || parameter_bytes <= 0) return 0;
+  const double moved = 2.0 * (replicas - 1) / replicas * parameter_bytes;
+  const double per_byte = std::max(bandwidth > 0 ? 1.0 / bandwidth : 0.0,
+                                   2.0 * cpu_seconds_per_byte);
+  return moved * per_byte;
+}
+
 std::string DescribeCluster(const Cluster& cluster) {
   std::string out;
   for (size_t i = 0; i < cluster.levels.size(); ++i) {
@@ -154,6 +164,9 @@ std::string DescribeCluster(const Cluster& cluster) {
     absl::StrAppend(&out, ", transfers ",
                     cluster.transfer_cpu_seconds_per_byte * 1e9,
                     " ns of CPU per byte");
+  }
+  if (cluster.allreduce_factor != 1) {
+    absl::StrAppend(&out, ", all-reduce x", cluster.allreduce_factor);
   }
   return out;
 }

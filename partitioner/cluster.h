@@ -45,6 +45,12 @@ struct Cluster {
   // wire time that overlaps compute. 0: transfers cost no compute (as in
   // PipeDream). The kPipeDream cost model ignores it.
   double transfer_cpu_seconds_per_byte = 0;
+  // How much longer a real all-reduce took, measured while profiling, than
+  // RingAllReduceSeconds predicts for it on this cluster (Gloo's chunking,
+  // reductions and synchronisation on these CPUs); multiplies every
+  // all-reduce the kApapo cost model and the simulator charge. 1: as
+  // modelled.
+  double allreduce_factor = 1;
 
   int num_workers() const;
   double speed(int worker) const {
@@ -52,6 +58,14 @@ struct Cluster {
   }
   bool heterogeneous() const;
 };
+
+// One ring all-reduce of `parameter_bytes` over `replicas` workers, as the
+// apapo cost model and the simulator charge it (before allreduce_factor):
+// each replica sends and receives 2 (R-1) / R of them, at the link's
+// `bandwidth` or, where slower, at its CPU's copy cost
+// (`cpu_seconds_per_byte` per byte sent or received). 0 for one replica.
+double RingAllReduceSeconds(double parameter_bytes, int replicas,
+                            double bandwidth, double cpu_seconds_per_byte);
 
 // Builds a cluster. `levels` empty means one level of `workers` at 1e9 B/s;
 // otherwise the fan-out product must equal `workers` (workers <= 0: taken

@@ -668,6 +668,8 @@ struct LevelContext {
   double speed;              // level-0 compute speed
   // CPU seconds per byte sent or received (kApapo only; 0 otherwise).
   double transfer_cpu = 0;
+  // Cluster::allreduce_factor (kApapo only).
+  double allreduce_factor = 1;
   // Memory (level 0 only).
   double memory = 0;
   int total_workers = 1;
@@ -806,6 +808,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // Each replica copies what it sends and receives, 2 x 2 (y-1)/y P,
         // on its own CPU; where that is slower than the wire it binds.
         ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
+        if (!pipedream) ar_coef *= ctx.allreduce_factor;
         if (pipedream) {
           for (int y = 1; y <= M; ++y) {
             tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
@@ -1101,8 +1104,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
     stage.allreduce_seconds =
         pipedream ? 4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r
-                  : RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
-                                         cluster.transfer_cpu_seconds_per_byte);
+                  : cluster.allreduce_factor *
+                        RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
+                                             cluster.transfer_cpu_seconds_per_byte);
     double comm = 0;
     if (!(pipedream && s == 0)) {
       if (s > 0) {
@@ -1153,6 +1157,13 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
     bottleneck = std::max(bottleneck, stage.time_seconds);
     busy_sum += stage.time_seconds;
+    if (!pipedream && r > 1 && cluster.allreduce_factor != 1) {
+      plan->notes.push_back(absl::StrFormat(
+          "stage %d's all-reduce is charged %.3g ms per mini-batch: %.2fx "
+          "the ring over its link, as an all-reduce measured while "
+          "profiling ran",
+          s, 1e3 * stage.allreduce_seconds, cluster.allreduce_factor));
+    }
     if (stage.transfer_cpu_seconds > 0) {
       plan->notes.push_back(absl::StrFormat(
           "stage %d spends %.3g ms of CPU per mini-batch on its transfers "
@@ -1344,6 +1355,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.transfer_cpu = options.cost_model == CostModel::kApapo
                            ? cluster.transfer_cpu_seconds_per_byte
                            : 0;
+    ctx.allreduce_factor = cluster.allreduce_factor;
     ctx.memory = cluster.memory_bytes;
     ctx.total_workers = cluster.num_workers();
     ctx.single_level = L == 1;
@@ -1409,15 +1421,6 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     return s;
   }
   return plan;
-}
-
-double RingAllReduceSeconds(double parameter_bytes, int replicas,
-                            double bandwidth, double cpu_seconds_per_byte) {
-  if (replicas <= 1 || parameter_bytes <= 0) return 0;
-  const double moved = 2.0 * (replicas - 1) / replicas * parameter_bytes;
-  const double per_byte = std::max(bandwidth > 0 ? 1.0 / bandwidth : 0.0,
-                                   2.0 * cpu_seconds_per_byte);
-  return moved * per_byte;
 }
 
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

@@ -168,14 +168,6 @@ struct Plan {
   std::vector<std::string> notes;
 };
 
-// One ring all-reduce of `parameter_bytes` over `replicas` workers, as the
-// apapo cost model and the simulator charge it: each replica sends and
-// receives 2 (R-1) / R of them, at the link's `bandwidth` or, where slower,
-// at its CPU's copy cost (`cpu_seconds_per_byte` per byte sent or received;
-// Cluster::transfer_cpu_seconds_per_byte). 0 for one replica.
-double RingAllReduceSeconds(double parameter_bytes, int replicas,
-                            double bandwidth, double cpu_seconds_per_byte);
-
 // Plans `graph` (validated) on `cluster`. Fails with INVALID_ARGUMENT on bad
 // options and RESOURCE_EXHAUSTED when no plan fits in memory or the search
 // would exceed options.budget (the message says what does not fit).

@@ -454,6 +454,32 @@ TEST(OptimizerTest, TransferCopiesTakeTheStagesCpu) {
   EXPECT_NEAR(run->mini_batches_per_second, cheap->mini_batches_per_second,
               0.03 * cheap->mini_batches_per_second);
 
+  // A measured all-reduce 3x the ring model (the cluster's factor) makes
+  // the replicas' 40 ms 120 ms (270 ms): the pipeline wins again, and the
+  // simulator charges the same.
+  copying.transfer_cpu_seconds_per_byte = 2e-9;
+  copying.allreduce_factor = 3;
+  absl::StatusOr<Plan> dear = DataParallelPlan(g, copying, PlannerOptions());
+  ASSERT_TRUE(dear.ok());
+  EXPECT_NEAR(dear->stages[0].allreduce_seconds, 0.12, 1e-9);
+  EXPECT_NEAR(dear->bottleneck_seconds, 0.27, 1e-9);
+  bool charged = false;
+  for (const std::string& note : dear->notes) {
+    charged |= absl::StrContains(
+        note, "stage 0's all-reduce is charged 120 ms per mini-batch: 3.00x");
+  }
+  EXPECT_TRUE(charged) << absl::StrJoin(dear->notes, "; ");
+  absl::StatusOr<SimulationResult> dear_run = Simulate(
+      *dear, copying, schedule::ScheduleKind::kDataParallel, sim);
+  ASSERT_TRUE(dear_run.ok());
+  EXPECT_NEAR(dear_run->mini_batches_per_second, dear->mini_batches_per_second,
+              0.03 * dear->mini_batches_per_second);
+  absl::StatusOr<Plan> piped = PlanPipeline(g, copying, PlannerOptions());
+  ASSERT_TRUE(piped.ok());
+  EXPECT_EQ(piped->stages.size(), 2u);
+  EXPECT_NEAR(piped->bottleneck_seconds, 0.226, 1e-9);
+  copying.allreduce_factor = 1;
+
   // PipeDream's cost model has no such term.
   PlannerOptions pd = PipeDreamOptions();
   copying.transfer_cpu_seconds_per_byte = 2e-9;

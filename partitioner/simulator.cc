@@ -93,7 +93,8 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
     if (r > 1 && st.allreduce_bandwidth > 0) {
       // One ring all-reduce per iteration, as the runtime runs it and the
       // apapo cost model charges it.
-      allreduce[s] = RingAllReduceSeconds(st.parameter_bytes, r,
+      allreduce[s] = cluster.allreduce_factor *
+                     RingAllReduceSeconds(st.parameter_bytes, r,
                                           st.allreduce_bandwidth,
                                           cluster.transfer_cpu_seconds_per_byte);
     }

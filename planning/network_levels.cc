@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_format.h"
+#include "partitioner/cluster.h"
 
 namespace apapo::planning {
 namespace {
@@ -137,6 +138,29 @@ NetworkLevels InferNetworkLevels(
                                     n / static_cast<int>(g), g, Rate(inside),
                                     Rate(between));
   return out;
+}
+
+double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
+                       double cpu_seconds_per_byte) {
+  double slowest = 0;
+  for (const auto& link : spec.links()) {
+    const double bw = link.bandwidth_bytes_per_second();
+    if (bw > 0 && (slowest == 0 || bw < slowest)) slowest = bw;
+  }
+  if (slowest == 0) return 1;
+  std::vector<double> ratios;
+  for (const auto& a : spec.allreduces()) {
+    if (a.ranks() < 2 || a.bytes() <= 0 || !(a.seconds() > 0)) continue;
+    const double model = partitioner::RingAllReduceSeconds(
+        a.bytes(), a.ranks(), slowest, cpu_seconds_per_byte);
+    if (model > 0 && std::isfinite(a.seconds())) {
+      ratios.push_back(a.seconds() / model);
+    }
+  }
+  if (ratios.empty()) return 1;
+  std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2,
+                   ratios.end());
+  return std::clamp(ratios[ratios.size() / 2], 0.25, 20.0);
 }
 
 }  // namespace apapo::planning

@@ -65,6 +65,14 @@ double TransferCpuSecondsPerByte(const Links& links) {
   return cpu[cpu.size() / 2];
 }
 
+// pt::Cluster::allreduce_factor from what the workers timed: the median
+// over spec.allreduces of the measured time / RingAllReduceSeconds of the
+// same all-reduce at the slowest link of spec.links and
+// `cpu_seconds_per_byte`, kept within [0.25, 20]; 1 when nothing usable
+// was measured.
+double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
+                       double cpu_seconds_per_byte);
+
 }  // namespace apapo::planning
 
 #endif  // APAPO_PLANNING_NETWORK_LEVELS_H_

@@ -96,5 +96,37 @@ TEST(NetworkLevelsTest, EightWorkersInFourRacks) {
   EXPECT_THAT(levels.order, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
+  apapo::v1::ClusterSpec spec;
+  *spec.add_links() = Link("a", "b", 2.0);
+  *spec.add_links() = Link("b", "a", 1.0);  // the slowest link: 1 GB/s
+  // Nothing timed: as modelled.
+  EXPECT_EQ(AllReduceFactor(spec, 0), 1);
+  // 4 MB over 2 ranks moves 4 MB each way: 4 ms at 1 GB/s, 8 ms where
+  // copying costs 1 ns per byte sent or received. The median of 12, 16 and
+  // 400 ms (one disturbed) is 16 ms.
+  for (double seconds : {0.012, 0.4, 0.016}) {
+    auto* a = spec.add_allreduces();
+    a->set_ranks(2);
+    a->set_bytes(4000000);
+    a->set_seconds(seconds);
+  }
+  EXPECT_DOUBLE_EQ(AllReduceFactor(spec, 0), 4.0);
+  EXPECT_DOUBLE_EQ(AllReduceFactor(spec, 1e-9), 2.0);
+  // Kept within [0.25, 20]; unusable figures are skipped.
+  spec.clear_allreduces();
+  auto* slow = spec.add_allreduces();
+  slow->set_ranks(2);
+  slow->set_bytes(4000000);
+  slow->set_seconds(100);
+  auto* broken = spec.add_allreduces();
+  broken->set_ranks(1);
+  broken->set_bytes(4000000);
+  broken->set_seconds(1e-9);
+  EXPECT_EQ(AllReduceFactor(spec, 0), 20);
+  spec.clear_links();
+  EXPECT_EQ(AllReduceFactor(spec, 0), 1);
+}
+
 }  // namespace
 }  // namespace apapo::planning

@@ -53,6 +53,8 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   if (!heterogeneous) cluster.speeds.clear();
   cluster.memory_bytes = memory;
   cluster.transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
+  cluster.allreduce_factor =
+      AllReduceFactor(spec, cluster.transfer_cpu_seconds_per_byte);
   return cluster;
 }
 

@@ -109,6 +109,7 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   // its CPU, activations in and out forward, their gradients backward.
   const double cpu_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
+  cluster.allreduce_factor = AllReduceFactor(spec, cpu_per_byte);
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
     double crossing = p.stages[s].output_bytes;
     if (s > 0) crossing += p.stages[s - 1].output_bytes;

@@ -341,6 +341,9 @@ class Cluster:
                              "bytes_per_s": l.bandwidth_bytes_per_second,
                              "cpu_ns_per_byte": l.cpu_seconds_per_byte * 1e9}
                             for l in plan.cluster.links]
+            res["allreduces"] = [{"ranks": a.ranks, "bytes": a.bytes,
+                                  "seconds": a.seconds}
+                                 for a in plan.cluster.allreduces]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
         return res

@@ -250,8 +250,25 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
                  cpu_per_byte};
 }
 
+// Median wall time of an all-reduce of message_bytes of float32 over group
+// 0 (every rank), after one warm-up.
+absl::StatusOr<double> TimeAllReduce(Transport& t, const LinkProfileOptions& o) {
+  std::vector<at::Tensor> tensors = {
+      torch::ones({std::max<int64_t>(1, o.message_bytes / 4)}, torch::kFloat)};
+  std::vector<double> times;
+  for (int i = 0; i <= std::max(1, o.round_trips); ++i) {
+    const Clock::time_point start = Clock::now();
+    if (absl::Status s = t.AllReduceSum(0, tensors); !s.ok()) return s;
+    const double elapsed =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    if (i > 0) times.push_back(elapsed);
+  }
+  return Median(times);
+}
+
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
-    const ProfileCommand& command, const LinkProfileOptions& options) {
+    const ProfileCommand& command, const LinkProfileOptions& options,
+    apapo::v1::AllReduceMeasurement* allreduce_out) {
   const apapo::v1::Rendezvous& rv = command.rendezvous();
   const int world = rv.world_size();
   const int self = rv.rank();
@@ -303,6 +320,9 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
   t.timeout = timeout;
   t.recv_lookahead = 1;
   t.label = PeerName(command, self);
+  // One group of every rank, for the all-reduce after the pairs.
+  t.groups.emplace_back();
+  for (int r = 0; r < world; ++r) t.groups.back().push_back(r);
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateGlooTransport(t);
   if (!transport.ok()) {
     return absl::Status(transport.status().code(),
@@ -332,6 +352,20 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
     }
   }
 
+  // Every rank together: a real all-reduce of message_bytes, as replicas
+  // sum their gradients (a warm-up, then the median of round_trips).
+  absl::StatusOr<double> allreduce = TimeAllReduce(**transport, options);
+  if (!allreduce.ok()) {
+    return absl::Status(allreduce.status().code(),
+                        absl::StrCat("link test all-reduce: ",
+                                     allreduce.status().message()));
+  }
+  if (allreduce_out != nullptr) {
+    allreduce_out->set_ranks(world);
+    allreduce_out->set_bytes(4 * std::max<int64_t>(1, options.message_bytes / 4));
+    allreduce_out->set_seconds(*allreduce);
+  }
+
   store.Set("done", self, "");
   if (absl::Status s = store.Await("done", "finish", others, timeout);
       !s.ok()) {
@@ -351,9 +385,10 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
 }  // namespace
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureLinks(
-    const ProfileCommand& command, const LinkProfileOptions& options) {
+    const ProfileCommand& command, const LinkProfileOptions& options,
+    apapo::v1::AllReduceMeasurement* allreduce) {
   try {
-    return MeasureOrThrow(command, options);
+    return MeasureOrThrow(command, options, allreduce);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("link test: lost the job's rendezvous store ",

@@ -14,6 +14,8 @@
 //            `latency_round_trips` of 8 bytes, one warm-up then
 //            `round_trips` of `message_bytes`, and sends j its figures, so
 //            both report the same link;
+//   reduce   every rank together: a warm-up, then `round_trips` all-reduces
+//            of `message_bytes` of float32 (the median is reported);
 //   leave    each rank sets "done/<rank>" and waits for all (nobody closes a
 //            connection a peer still uses), drops the transport and sets
 //            "left/<rank>"; rank 0 returns only once every rank has left,
@@ -60,10 +62,13 @@ struct LinkProfileOptions {
 // Measures the links between this worker (rank command.rendezvous.rank) and
 // every other rank of command.rendezvous; returns one LinkMeasurement per
 // peer, from this worker (command.peers[rank], else "rank N") to the peer.
+// Then every rank takes part in one timed all-reduce of message_bytes over
+// all of them, which is written to `allreduce` when not null.
 // A missing rendezvous or a world size <= 1 measures nothing (empty).
 absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> MeasureLinks(
     const apapo::v1::ProfileCommand& command,
-    const LinkProfileOptions& options = {});
+    const LinkProfileOptions& options = {},
+    apapo::v1::AllReduceMeasurement* allreduce = nullptr);
 
 }  // namespace apapo::worker
 

@@ -39,6 +39,7 @@ apapo::v1::ProfileCommand Command(int port, int rank, int world,
 struct Outcome {
   absl::Status status;
   std::vector<apapo::v1::LinkMeasurement> links;
+  apapo::v1::AllReduceMeasurement allreduce;
 };
 
 // Runs MeasureLinks for `ranks` of a `world`-rank rendezvous, one thread
@@ -50,8 +51,8 @@ std::vector<Outcome> RunRanks(
   std::vector<std::thread> threads;
   for (int rank : ranks) {
     threads.emplace_back([&, rank] {
-      auto links =
-          MeasureLinks(Command(port, rank, world, timeout), options_of(rank));
+      auto links = MeasureLinks(Command(port, rank, world, timeout),
+                                options_of(rank), &out[rank].allreduce);
       out[rank].status = links.status();
       if (links.ok()) out[rank].links = *std::move(links);
     });
@@ -89,6 +90,12 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
   // One ping-pong, one figure: both ends report it.
   EXPECT_EQ(a.bandwidth_bytes_per_second(), b.bandwidth_bytes_per_second());
   EXPECT_EQ(a.latency_seconds(), b.latency_seconds());
+  // Both took part in one timed all-reduce of 4 MiB of float32.
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(out[rank].allreduce.ranks(), 2);
+    EXPECT_EQ(out[rank].allreduce.bytes(), 4 << 20);
+    EXPECT_GT(out[rank].allreduce.seconds(), 0);
+  }
   // The CPU figure is each side's own. Both ranks share this process, so
   // each counts both ends' copies; still, the process cannot have used
   // more CPU than all its cores over the timed messages' wall time (the
