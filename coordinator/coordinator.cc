@@ -144,7 +144,8 @@ absl::Status Coordinator::StartServing() {
   APAPO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                          MakeServerCredentials(options_.tls));
   worker_service_ =
-      std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get());
+      std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get(),
+                                          options_.pace_idle_reads);
   worker_service_->RequireWorkerCertificates(options_.tls.enabled());
   worker_service_->SetAccessPolicy(access_.get());
   worker_service_->SetRegisterHook([this](const apapo::v1::WorkerInfo& info) {

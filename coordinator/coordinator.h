@@ -66,6 +66,9 @@ struct CoordinatorOptions {
   // How often workers heartbeat; one silent for
   // WorkerRegistry::kMissedHeartbeats intervals is marked lost.
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Park the read after an idle worker's heartbeat for about an interval
+  // (WorkerServiceImpl, "Paced reads").
+  bool pace_idle_reads = true;
   // Directories job specs may name files under (common/spec_paths.h).
   std::vector<std::string> data_roots = DefaultDataRoots();
   // Ended jobs kept (memory and state file); the oldest beyond are dropped.

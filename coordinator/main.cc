@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(2),
           "How often workers heartbeat; a worker silent for 3 intervals is "
           "marked lost.");
+ABSL_FLAG(bool, pace_idle_reads, true,
+          "Read an idle worker's stream once per heartbeat interval, when its "
+          "next heartbeat is already buffered (saves a write and a wake-up "
+          "per heartbeat; an idle worker's messages wait up to an interval).");
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus /metrics endpoint; 0 picks a free port "
           "(printed on start); -1 disables it.");
@@ -165,6 +169,7 @@ int Run() {
   options.metrics_port = std::max(-1, absl::GetFlag(FLAGS_metrics_port));
   options.state_path = state;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.pace_idle_reads = absl::GetFlag(FLAGS_pace_idle_reads);
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.scheduler.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   options.scheduler.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);

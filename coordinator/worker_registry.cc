@@ -95,6 +95,10 @@ WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration heartbeat_interval,
       max_lost_(static_cast<size_t>(std::max(0, max_lost))) {}
 
 void WorkerRegistry::SetStateLocked(Entry& entry, apapo::v1::WorkerState state) {
+  if (entry.session != nullptr) {
+    entry.session->idle_.store(state == apapo::v1::WORKER_STATE_IDLE,
+                               std::memory_order_relaxed);
+  }
   const apapo::v1::WorkerState before = entry.status.state();
   if (before == state) return;
   if (before != apapo::v1::WORKER_STATE_UNSPECIFIED) --counts_[before];

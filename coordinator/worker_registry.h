@@ -78,6 +78,9 @@ class WorkerSession {
   absl::Time last_seen() const;
   // False once the session ended (lost, or superseded by a reconnect).
   bool live() const { return live_.load(std::memory_order_acquire); }
+  // True while the registry holds the worker idle (no job reserved it): its
+  // stream may pace its reads (worker_service.h). One atomic load.
+  bool idle() const { return idle_.load(std::memory_order_relaxed); }
 
   // The oldest queued command, or nullopt.
   std::optional<apapo::v1::CoordinatorMessage> TakeCommand();
@@ -105,6 +108,7 @@ class WorkerSession {
 
   std::atomic<int64_t> last_seen_ns_;
   std::atomic<bool> live_{true};
+  std::atomic<bool> idle_{false};  // set by the registry's SetStateLocked
 
   mutable absl::Mutex mu_;
   std::deque<apapo::v1::CoordinatorMessage> outbox_ ABSL_GUARDED_BY(mu_);

@@ -216,5 +216,196 @@ TEST(WorkerServiceTimeoutTest, SilentWorkerIsLostAndItsStreamClosed) {
   server.Shutdown();
 }
 
+// --- Paced reads: an idle worker's read after a heartbeat is parked ---
+
+// A heartbeat stamped `sent` (the worker's clock), as daemons send them.
+apapo::v1::WorkerMessage Heartbeat(const std::string& job_id = "",
+                                   absl::Time sent = absl::Now()) {
+  apapo::v1::WorkerMessage m;
+  m.mutable_heartbeat()->set_job_id(job_id);
+  const int64_t ns = absl::ToUnixNanos(sent);
+  m.mutable_heartbeat()->mutable_time()->set_seconds(ns / 1000000000);
+  m.mutable_heartbeat()->mutable_time()->set_nanos(static_cast<int>(ns % 1000000000));
+  return m;
+}
+
+// A server whose registry has `interval`: with an hour, a parked read never
+// resumes within a test, so whatever arrives got there without the pacer.
+struct PacedServer {
+  explicit PacedServer(absl::Duration interval, Clock* clock)
+      : registry(clock, interval), service(&registry, &listener) {
+    registry.SetLostHook([this](const std::string& id, const std::string&,
+                                const std::string&) {
+      if (id == "w-1" && !lost.HasBeenNotified()) lost.Notify();
+    });
+    auto port = server.Start("127.0.0.1:0");
+    EXPECT_TRUE(port.ok());
+    stub = apapo::v1::WorkerService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port.value_or(0)),
+        grpc::InsecureChannelCredentials()));
+  }
+  ~PacedServer() { server.Shutdown(); }
+
+  // Opens w-1's stream and reads its Registered reply.
+  std::unique_ptr<grpc::ClientReaderWriter<apapo::v1::WorkerMessage,
+                                           apapo::v1::CoordinatorMessage>>
+  Connect(grpc::ClientContext* ctx) {
+    auto stream = stub->Connect(ctx);
+    apapo::v1::WorkerMessage reg;
+    reg.mutable_register_()->set_worker_id("w-1");
+    EXPECT_TRUE(stream->Write(reg));
+    apapo::v1::CoordinatorMessage reply;
+    EXPECT_TRUE(stream->Read(&reply));
+    EXPECT_TRUE(reply.has_registered());
+    return stream;
+  }
+
+  // Waits until the service has parked `n` reads.
+  bool WaitForPaced(int64_t n, absl::Duration limit = absl::Seconds(30)) {
+    absl::Time deadline = absl::Now() + limit;
+    while (service.paced_reads() < n) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(2));  // polls a counter, not a server
+    }
+    return true;
+  }
+
+  // Sends heartbeats until the read after one is parked. The first may
+  // not park: the Registered reply's write can still be completing (a
+  // read is never parked while a write is in flight).
+  template <typename Stream>
+  bool ParkARead(Stream& stream) {
+    for (int i = 0; i < 20; ++i) {
+      if (!stream->Write(Heartbeat())) return false;
+      if (WaitForPaced(1, absl::Seconds(1))) return true;
+    }
+    return false;
+  }
+
+  WorkerRegistry registry;
+  RecordingListener listener;
+  WorkerServiceImpl service;
+  CoordinatorServer server{{&service}};
+  std::unique_ptr<apapo::v1::WorkerService::Stub> stub;
+  absl::Notification lost;
+};
+
+apapo::v1::WorkerMessage Ack(int64_t id) {
+  apapo::v1::WorkerMessage m;
+  m.mutable_ack()->set_command_id(id);
+  return m;
+}
+
+TEST(PacedReadsTest, ACommandUnparksTheReadSoItsAnswerIsReadAtOnce) {
+  RealClock clock;
+  PacedServer s(absl::Hours(1), &clock);
+  grpc::ClientContext ctx;
+  auto stream = s.Connect(&ctx);
+  ASSERT_TRUE(s.ParkARead(stream));  // parked for an hour
+
+  apapo::v1::CoordinatorMessage stop;
+  stop.mutable_stop()->set_job_id("job-1");
+  auto id = s.registry.Send("w-1", stop);
+  ASSERT_TRUE(id.ok());
+  apapo::v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_EQ(reply.command_id(), *id);
+  ASSERT_TRUE(stream->Write(Ack(*id)));
+  EXPECT_TRUE(s.listener.WaitFor(1));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(PacedReadsTest, AWorkerThatGoesAwayWhileParkedIsLostAtOnce) {
+  RealClock clock;
+  PacedServer s(absl::Hours(1), &clock);
+  {
+    grpc::ClientContext ctx;
+    auto stream = s.Connect(&ctx);
+    ASSERT_TRUE(s.ParkARead(stream));
+    ctx.TryCancel();  // the connection's stream is reset: OnCancel
+  }
+  EXPECT_TRUE(s.lost.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(s.registry.List()[0].state(), apapo::v1::WORKER_STATE_LOST);
+}
+
+TEST(PacedReadsTest, ASilentWorkerWhoseReadIsParkedIsStillLost) {
+  FakeClock clock;
+  PacedServer s(absl::Seconds(1), &clock);
+  grpc::ClientContext ctx;
+  auto stream = s.Connect(&ctx);
+  ASSERT_TRUE(s.ParkARead(stream));
+  clock.Advance(absl::Seconds(4));
+  EXPECT_THAT(s.registry.CheckTimeouts(), ::testing::ElementsAre("w-1"));
+  apapo::v1::CoordinatorMessage reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(s.lost.HasBeenNotified());
+}
+
+TEST(PacedReadsTest, ABusyWorkersReadsAreNeverParked) {
+  RealClock clock;
+  PacedServer s(absl::Hours(1), &clock);
+  grpc::ClientContext ctx;
+  auto stream = s.Connect(&ctx);
+  ASSERT_TRUE(s.registry.Reserve("job-1", 1, {}).ok());
+  ASSERT_TRUE(stream->Write(Heartbeat("job-1")));
+  ASSERT_TRUE(stream->Write(Ack(0)));  // read at once, or never
+  EXPECT_TRUE(s.listener.WaitFor(1));
+  EXPECT_EQ(s.service.paced_reads(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(PacedReadsTest, ParkedReadsResumeAndEverySixteenthReadIsPostedAtOnce) {
+  // 40 heartbeats stamped 100 ms apart (the interval) but sent back to
+  // back, then an ack: the pacer reads one about every interval, as if
+  // they had been sent on time, and every 16th heartbeat is followed by a
+  // read posted at once, which finds the next one queued. All 41 messages
+  // are read; at most 38 reads were parked (39 or 40 without the reads
+  // posted at once; the first may find the Registered reply still being
+  // written and not park).
+  RealClock clock;
+  PacedServer s(absl::Milliseconds(100), &clock);
+  grpc::ClientContext ctx;
+  auto stream = s.Connect(&ctx);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(stream->Write(Heartbeat("", start + i * absl::Milliseconds(100))));
+  }
+  ASSERT_TRUE(stream->Write(Ack(0)));
+  EXPECT_TRUE(s.listener.WaitFor(1));
+  EXPECT_GE(s.service.paced_reads(), 30);
+  EXPECT_LE(s.service.paced_reads(), 38);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(PacedReadsTest, PacingOffReadsEveryMessageAtOnce) {
+  RealClock clock;
+  WorkerRegistry registry(&clock, absl::Hours(1));
+  RecordingListener listener;
+  WorkerServiceImpl service(&registry, &listener, /*pace_idle_reads=*/false);
+  CoordinatorServer server{{&service}};
+  auto port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok());
+  auto stub = apapo::v1::WorkerService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(*port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Connect(&ctx);
+  apapo::v1::WorkerMessage reg;
+  reg.mutable_register_()->set_worker_id("w-1");
+  ASSERT_TRUE(stream->Write(reg));
+  apapo::v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(stream->Write(Heartbeat()));
+  ASSERT_TRUE(stream->Write(Ack(0)));
+  EXPECT_TRUE(listener.WaitFor(1));
+  EXPECT_EQ(service.paced_reads(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  server.Shutdown();
+}
+
 }  // namespace
 }  // namespace apapo::coordinator

@@ -85,11 +85,11 @@ def build(bazel):
     subprocess.run(argv, cwd=ROOT, check=True)
 
 
-def start_coordinator(log_path, timeout, binary=COORDINATOR):
+def start_coordinator(log_path, timeout, binary=COORDINATOR, flags=()):
     """Starts a coordinator on free ports; returns (process, grpc port)."""
     log = open(log_path, "wb")
     p = start([binary, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
-               "--heartbeat_interval=1s", "--state=:memory:"],
+               "--heartbeat_interval=1s", "--state=:memory:"] + list(flags),
               stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
     log.close()  # the child holds its own descriptor
     # The port is in the first line ("apapo-coordinator listening on port N").
@@ -115,9 +115,10 @@ def start_coordinator(log_path, timeout, binary=COORDINATOR):
 
 
 def run_size(name, workers, job_workers, per_channel, args, log_dir,
-             binary=COORDINATOR):
-    log_path = os.path.join(log_dir, "coordinator-%s.log" % name)
-    coordinator, port = start_coordinator(log_path, timeout=60, binary=binary)
+             binary=COORDINATOR, flags=()):
+    log_path = os.path.join(log_dir, "coordinator-%s.log" % name.replace(" ", "-"))
+    coordinator, port = start_coordinator(log_path, timeout=60, binary=binary,
+                                          flags=flags)
     try:
         argv = [FLEET_BENCH, "--target=127.0.0.1:%d" % port,
                 "--coordinator_pid=%d" % coordinator.pid,
@@ -138,7 +139,8 @@ def run_size(name, workers, job_workers, per_channel, args, log_dir,
             lines = lines[:-1]
         print("\n".join(lines), flush=True)
         alive = coordinator.poll() is None
-        return {"name": name, "argv": argv, "exit_code": bench.returncode,
+        return {"name": name, "argv": argv, "coordinator_flags": list(flags),
+                "exit_code": bench.returncode,
                 "coordinator_survived": alive, "coordinator_log": log_path,
                 "result": result}
     finally:
@@ -175,7 +177,8 @@ SUMMARY = [
 def summary(runs):
     names = [r["name"] for r in runs]
     width = max(len(t) for _, t, _ in SUMMARY)
-    out = ["%-*s  %s" % (width, "", "  ".join("%14s" % n for n in names))]
+    cell = max([14] + [len(n) for n in names])
+    out = ["%-*s  %s" % (width, "", "  ".join("%*s" % (cell, n) for n in names))]
     for key, title, fmt in SUMMARY:
         cells = []
         for r in runs:
@@ -183,9 +186,9 @@ def summary(runs):
             if isinstance(v, str):
                 v = v.replace("JOB_STATE_", "")
             if v is None or v == "" or (isinstance(v, (int, float)) and v < 0):
-                cells.append("%14s" % "-")
+                cells.append("%*s" % (cell, "-"))
             else:
-                cells.append("%14s" % (fmt % v))
+                cells.append("%*s" % (cell, fmt % v))
         out.append("%-*s  %s" % (width, title, "  ".join(cells)))
     return "\n".join(out)
 
@@ -200,7 +203,14 @@ def main():
                         help="an apapo-coordinator binary of an older build: "
                         "each size also runs against it, right after ours")
     parser.add_argument("--baseline_max_workers", type=int, default=1000,
-                        help="sizes above this skip the baseline")
+                        help="sizes above this skip the baseline and the "
+                        "unpaced runs")
+    parser.add_argument("--compare_unpaced", action="store_true",
+                        help="each size also runs against the same coordinator "
+                        "with --pace_idle_reads=false, right after ours")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat every size (and its comparisons) this "
+                        "many times, interleaved")
     parser.add_argument("--window", type=int, default=10,
                         help="heartbeat window, seconds")
     parser.add_argument("--timeout", type=float, default=900,
@@ -233,19 +243,30 @@ def main():
             build(args.bazel)
         os.makedirs(log_dir, exist_ok=True)
         for workers, job_workers, per_channel in sizes:
-            name = "%d" % workers + ("+job%d" % job_workers if job_workers else "")
-            if per_channel != 1:
-                name += "x%dpc" % per_channel
-            run = run_size(name, workers, job_workers, per_channel, args, log_dir)
-            report["runs"].append(run)
-            if run["exit_code"] != 0 or not run["coordinator_survived"]:
-                status = 1
-            if args.baseline_coordinator and workers <= args.baseline_max_workers:
-                # The older build is measured, not judged: its failures do
-                # not fail this run.
-                report["runs"].append(run_size(
-                    name + " before", workers, job_workers, per_channel, args,
-                    log_dir, binary=args.baseline_coordinator))
+            for r in range(args.rounds):
+                name = "%d" % workers + ("+job%d" % job_workers if job_workers else "")
+                if per_channel != 1:
+                    name += "x%dpc" % per_channel
+                if args.rounds > 1:
+                    name += " r%d" % (r + 1)
+                run = run_size(name, workers, job_workers, per_channel, args, log_dir)
+                report["runs"].append(run)
+                if run["exit_code"] != 0 or not run["coordinator_survived"]:
+                    status = 1
+                compare = workers <= args.baseline_max_workers
+                if args.compare_unpaced and compare:
+                    run = run_size(name + " unpaced", workers, job_workers,
+                                   per_channel, args, log_dir,
+                                   flags=["--pace_idle_reads=false"])
+                    report["runs"].append(run)
+                    if run["exit_code"] != 0 or not run["coordinator_survived"]:
+                        status = 1
+                if args.baseline_coordinator and compare:
+                    # The older build is measured, not judged: its failures do
+                    # not fail this run.
+                    report["runs"].append(run_size(
+                        name + " before", workers, job_workers, per_channel, args,
+                        log_dir, binary=args.baseline_coordinator))
     except subprocess.CalledProcessError as e:
         print("run.py: %s failed with %d" % (e.cmd, e.returncode), file=sys.stderr)
         status = 1
