@@ -48,6 +48,13 @@ NetworkLevels Flat(int n, const std::vector<Pair>& pairs) {
   return out;
 }
 
+// The upper median of `values` (reorders them); `values` must not be empty.
+double MedianOf(std::vector<double>& values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2,
+                   values.end());
+  return values[values.size() / 2];
+}
+
 }  // namespace
 
 NetworkLevels InferNetworkLevels(
@@ -140,6 +147,16 @@ NetworkLevels InferNetworkLevels(
   return out;
 }
 
+double TransferCpuSecondsPerByte(
+    const google::protobuf::RepeatedPtrField<apapo::v1::LinkMeasurement>& links) {
+  std::vector<double> cpu;
+  for (const apapo::v1::LinkMeasurement& link : links) {
+    const double c = link.cpu_seconds_per_byte();
+    if (c > 0 && c < 1) cpu.push_back(c);  // < 1 s per byte: finite, sane
+  }
+  return cpu.empty() ? 0 : MedianOf(cpu);
+}
+
 double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
                        double cpu_seconds_per_byte) {
   double slowest = 0;
@@ -158,9 +175,7 @@ double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
     }
   }
   if (ratios.empty()) return 1;
-  std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2,
-                   ratios.end());
-  return std::clamp(ratios[ratios.size() / 2], 0.25, 20.0);
+  return std::clamp(MedianOf(ratios), 0.25, 20.0);
 }
 
 }  // namespace apapo::planning

@@ -53,17 +53,8 @@ NetworkLevels InferNetworkLevels(
 // links measured (LinkMeasurement.cpu_seconds_per_byte): the median of the
 // positive finite figures, so one disturbed measurement does not move the
 // plan; 0 when none was measured.
-template <typename Links>
-double TransferCpuSecondsPerByte(const Links& links) {
-  std::vector<double> cpu;
-  for (const apapo::v1::LinkMeasurement& link : links) {
-    const double c = link.cpu_seconds_per_byte();
-    if (c > 0 && c < 1) cpu.push_back(c);  // < 1 s per byte: finite, sane
-  }
-  if (cpu.empty()) return 0;
-  std::nth_element(cpu.begin(), cpu.begin() + cpu.size() / 2, cpu.end());
-  return cpu[cpu.size() / 2];
-}
+double TransferCpuSecondsPerByte(
+    const google::protobuf::RepeatedPtrField<apapo::v1::LinkMeasurement>& links);
 
 // pt::Cluster::allreduce_factor from what the workers timed: the median
 // over spec.allreduces of the measured time / RingAllReduceSeconds of the

@@ -148,14 +148,14 @@ struct Figures {
 // Process CPU over the timed large messages of one side of an exchange.
 class CpuMeter {
  public:
-  void Before(int64_t bytes, bool timed, int64_t small) {
-    if (timed && bytes != small && !running_) {
+  void Before(int64_t bytes, bool timed) {
+    if (timed && bytes != kSmallBytes && !running_) {
       running_ = true;
       start_ = ProcessCpuSeconds();
     }
   }
-  void After(int64_t bytes, bool timed, int64_t small) {
-    if (timed && bytes != small) handled_ += 2.0 * bytes;  // in and out
+  void After(int64_t bytes, bool timed) {
+    if (timed && bytes != kSmallBytes) handled_ += 2.0 * bytes;  // in and out
   }
   double PerByte() const {
     if (!running_ || handled_ <= 0) return 0;
@@ -197,7 +197,7 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
   for (const auto& [bytes, timed] : exchange) {
     const at::Tensor& message = bytes == kSmallBytes ? small : large;
     if (absl::Status s = t.ExpectRecv(peer, tag + 1, bytes); !s.ok()) return s;
-    cpu.Before(bytes, timed, kSmallBytes);
+    cpu.Before(bytes, timed);
     const Clock::time_point start = Clock::now();
     if (absl::Status s = t.Send(peer, tag, message); !s.ok()) return s;
     absl::StatusOr<at::Tensor> echo = t.Recv(peer, tag + 1);
@@ -205,7 +205,7 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
     const double rtt =
         std::chrono::duration<double>(Clock::now() - start).count();
     if (timed) (bytes == kSmallBytes ? small_rtt : large_rtt).push_back(rtt);
-    cpu.After(bytes, timed, kSmallBytes);
+    cpu.After(bytes, timed);
     tag += 2;
   }
   Figures f;
@@ -229,11 +229,11 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
   int64_t tag = 0;
   for (const auto& [bytes, timed] : Exchange(o)) {
     if (absl::Status s = t.ExpectRecv(peer, tag, bytes); !s.ok()) return s;
-    cpu.Before(bytes, timed, kSmallBytes);
+    cpu.Before(bytes, timed);
     absl::StatusOr<at::Tensor> message = t.Recv(peer, tag);
     if (!message.ok()) return message.status();
     if (absl::Status s = t.Send(peer, tag + 1, *message); !s.ok()) return s;
-    cpu.After(bytes, timed, kSmallBytes);
+    cpu.After(bytes, timed);
     tag += 2;
   }
   constexpr int64_t kFiguresBytes = 2 * sizeof(double);
