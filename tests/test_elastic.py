@@ -21,6 +21,7 @@ from google.protobuf import text_format  # noqa: E402
 ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
 EVERY = 100  # steps between checkpoints
 STEPS = 4700  # 5 epochs of Fashion-MNIST at 64 samples a step (a settled accuracy)
+WORKERS = 3  # daemons of ElasticJobTest's cluster; the plan may use fewer
 
 
 def spec(steps, workers, **fault_tolerance):
@@ -50,7 +51,7 @@ _reference = {}
 
 class ElasticJobTest(unittest.TestCase):
     def setUp(self):
-        self.cluster = Cluster(workers=3)
+        self.cluster = Cluster(workers=WORKERS)
         self.stopped = []
 
     def tearDown(self):
@@ -67,7 +68,7 @@ class ElasticJobTest(unittest.TestCase):
         """Trains `steps` on 3 workers, causes `fault(process)` to a placed
         worker once a checkpoint exists, and returns (job, victim)."""
         c = self.cluster
-        job_id = c.submit(spec(steps=steps, workers=3))
+        job_id = c.submit(spec(steps=steps, workers=WORKERS))
         c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
                       m.job.progress.step > STEPS // 3, timeout=300)
         placed, _ = self.placed(job_id)
@@ -83,7 +84,10 @@ class ElasticJobTest(unittest.TestCase):
         self.assertIn(victim, r.lost_workers)
         self.assertIn(f"worker {victim}", r.cause)
         self.assertEqual(r.workers_before, len(placed))
-        self.assertLess(r.workers_after, r.workers_before)
+        # Re-planned on the survivors: at most the cluster's workers less the
+        # lost one. (Not fewer than before: when the plan left a worker idle,
+        # it may stand in.)
+        self.assertLessEqual(r.workers_after, WORKERS - len(r.lost_workers))
         self.assertNotIn(victim, job.worker_ids)
         # Resumed from a checkpoint, not from the start (step_at_fault is the
         # newest step reported, up to a second behind the stages); and it
@@ -131,7 +135,7 @@ class ElasticJobTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("restarts: 1", r.stdout)
         self.assertRegex(r.stdout, rf"# restart 1: worker {victim} lost: .*; "
-                                   r"\d -> \d stage\(s\), 3 -> \d worker\(s\); "
+                                   rf"\d -> \d stage\(s\), {len(placed)} -> \d worker\(s\); "
                                    r"resumed from step \d+ \(fault at step \d+\), "
                                    r"[0-9.]+ s lost")
         with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
