@@ -232,8 +232,8 @@ apapo::v1::WorkerMessage Heartbeat(const std::string& job_id = "",
 // A server whose registry has `interval`: with an hour, a parked read never
 // resumes within a test, so whatever arrives got there without the pacer.
 struct PacedServer {
-  explicit PacedServer(absl::Duration interval, Clock* clock)
-      : registry(clock, interval), service(&registry, &listener) {
+  PacedServer(absl::Duration interval, Clock* clock, bool pace = true)
+      : registry(clock, interval), service(&registry, &listener, pace) {
     registry.SetLostHook([this](const std::string& id, const std::string&,
                                 const std::string&) {
       if (id == "w-1" && !lost.HasBeenNotified()) lost.Notify();
@@ -383,28 +383,15 @@ TEST(PacedReadsTest, ParkedReadsResumeAndEverySixteenthReadIsPostedAtOnce) {
 
 TEST(PacedReadsTest, PacingOffReadsEveryMessageAtOnce) {
   RealClock clock;
-  WorkerRegistry registry(&clock, absl::Hours(1));
-  RecordingListener listener;
-  WorkerServiceImpl service(&registry, &listener, /*pace_idle_reads=*/false);
-  CoordinatorServer server{{&service}};
-  auto port = server.Start("127.0.0.1:0");
-  ASSERT_TRUE(port.ok());
-  auto stub = apapo::v1::WorkerService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(*port), grpc::InsecureChannelCredentials()));
+  PacedServer s(absl::Hours(1), &clock, /*pace=*/false);
   grpc::ClientContext ctx;
-  auto stream = stub->Connect(&ctx);
-  apapo::v1::WorkerMessage reg;
-  reg.mutable_register_()->set_worker_id("w-1");
-  ASSERT_TRUE(stream->Write(reg));
-  apapo::v1::CoordinatorMessage reply;
-  ASSERT_TRUE(stream->Read(&reply));
+  auto stream = s.Connect(&ctx);
   ASSERT_TRUE(stream->Write(Heartbeat()));
-  ASSERT_TRUE(stream->Write(Ack(0)));
-  EXPECT_TRUE(listener.WaitFor(1));
-  EXPECT_EQ(service.paced_reads(), 0);
+  ASSERT_TRUE(stream->Write(Ack(0)));  // read at once, or never
+  EXPECT_TRUE(s.listener.WaitFor(1));
+  EXPECT_EQ(s.service.paced_reads(), 0);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
-  server.Shutdown();
 }
 
 }  // namespace

@@ -253,20 +253,24 @@ def main():
                 report["runs"].append(run)
                 if run["exit_code"] != 0 or not run["coordinator_survived"]:
                     status = 1
-                compare = workers <= args.baseline_max_workers
-                if args.compare_unpaced and compare:
-                    run = run_size(name + " unpaced", workers, job_workers,
-                                   per_channel, args, log_dir,
-                                   flags=["--pace_idle_reads=false"])
+                if workers > args.baseline_max_workers:
+                    continue
+                # (suffix, binary, flags, judged): an older build is
+                # measured, not judged: its failures do not fail this run.
+                others = []
+                if args.compare_unpaced:
+                    others.append((" unpaced", COORDINATOR,
+                                   ["--pace_idle_reads=false"], True))
+                if args.baseline_coordinator:
+                    others.append((" before", args.baseline_coordinator, [], False))
+                for suffix, binary, flags, judged in others:
+                    run = run_size(name + suffix, workers, job_workers,
+                                   per_channel, args, log_dir, binary=binary,
+                                   flags=flags)
                     report["runs"].append(run)
-                    if run["exit_code"] != 0 or not run["coordinator_survived"]:
+                    if judged and (run["exit_code"] != 0 or
+                                   not run["coordinator_survived"]):
                         status = 1
-                if args.baseline_coordinator and compare:
-                    # The older build is measured, not judged: its failures do
-                    # not fail this run.
-                    report["runs"].append(run_size(
-                        name + " before", workers, job_workers, per_channel, args,
-                        log_dir, binary=args.baseline_coordinator))
     except subprocess.CalledProcessError as e:
         print("run.py: %s failed with %d" % (e.cmd, e.returncode), file=sys.stderr)
         status = 1
