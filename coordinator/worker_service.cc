@@ -154,7 +154,7 @@ class WorkerServiceImpl::ConnectReactor final
     const absl::Time sent = absl::FromUnixSeconds(in_.heartbeat().time().seconds()) +
                             absl::Nanoseconds(in_.heartbeat().time().nanos());
     offset_ = measured ? now - sent : std::min(offset_, now - sent);
-    if (!session_->idle() || ++heartbeats_paced_ >= kReadAtOnceEvery) {
+    if (++heartbeats_paced_ >= kReadAtOnceEvery) {
       heartbeats_paced_ = 0;
       return false;
     }
@@ -165,11 +165,13 @@ class WorkerServiceImpl::ConnectReactor final
     uint64_t token;
     {
       // A command being written, or waiting to be, expects an answer: that
-      // must not wait. A call cancelled before OnCancel could unpark (it
-      // runs under mu_ too) must fail its read now.
+      // must not wait. Under mu_: a reservation and command that came
+      // before (WriteNext held mu_) are seen here; one that comes after
+      // finds the read parked and unparks it. A call cancelled before
+      // OnCancel could unpark (it takes mu_ too) must fail its read now.
       absl::MutexLock lock(&mu_);
-      if (finished_ || writing_ || send_registered_ || session_->pending() > 0 ||
-          context_->IsCancelled()) {
+      if (!session_->idle() || finished_ || writing_ || send_registered_ ||
+          session_->pending() > 0 || context_->IsCancelled()) {
         return false;
       }
       parked_ = true;
