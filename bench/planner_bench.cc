@@ -23,7 +23,7 @@ namespace partitioner {
 namespace {
 
 void PlanOnce(benchmark::State& state, const Graph& graph,
-              const std::string& levels, CostModel model) {
+              const std::string& levels, CostModel model, int stages = 0) {
   absl::StatusOr<Cluster> cluster = MakeCluster(0, levels, "", "");
   if (!cluster.ok()) {
     state.SkipWithError(std::string(cluster.status().message()).c_str());
@@ -31,6 +31,7 @@ void PlanOnce(benchmark::State& state, const Graph& graph,
   }
   PlannerOptions options;
   options.cost_model = model;
+  options.stages = stages;
   Plan last;
   for (auto _ : state) {
     absl::StatusOr<Plan> plan = PlanPipeline(graph, *cluster, options);
@@ -98,6 +99,33 @@ void RegisterAll() {
         ("plan/" + s.name + "/" + levels + "/pipedream").c_str(),
         [graph, levels](benchmark::State& st) {
           PlanOnce(st, *graph, levels, CostModel::kPipeDream);
+        })
+        ->Unit(benchmark::kMillisecond);
+  }
+  // A stage count asked for (PlannerOptions::stages): the DP keeps a slot
+  // per count, and its state cap shrinks by that factor.
+  struct Staged {
+    std::string name;
+    Graph* graph;
+    const char* levels;
+    int stages;
+  };
+  const Staged staged[] = {
+      {"nasnet", wide[1].graph, "16:1e9", 4},
+      {"nasnet", wide[1].graph, "16:1e9", 16},
+      {"layered2000", wide[3].graph, "16:1e9", 16},
+      {"dag2000", synthetic[2].graph, "64:1e9", 8},
+      {"dag2000", synthetic[4].graph, "8:300e9,16:25e9,8:10e9", 8},
+  };
+  for (const Staged& s : staged) {
+    Graph* graph = s.graph;
+    const char* levels = s.levels;
+    const int stages = s.stages;
+    benchmark::RegisterBenchmark(
+        ("plan/" + s.name + "/" + levels + "/stages=" + std::to_string(stages))
+            .c_str(),
+        [graph, levels, stages](benchmark::State& st) {
+          PlanOnce(st, *graph, levels, CostModel::kApapo, stages);
         })
         ->Unit(benchmark::kMillisecond);
   }

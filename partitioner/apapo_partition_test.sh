@@ -26,6 +26,12 @@ grep -q '"traceEvents"' "$TMP/trace.json" || fail "trace not written"
 "$BIN" --profile="$PROFILES/inception_v3/graph.txt" --levels=8:300e9,4:25e9 \
   >/dev/null || fail "inception two-level"
 
+# --stages: vgg16 on 4 workers is 2 stages when free; asked for 4, 4.
+staged=$("$BIN" --profile="$PROFILES/vgg16/graph.txt" --workers=4 --stages=4 \
+  --format=json) || fail "--stages=4 exited $?"
+[ "$(echo "$staged" | grep -o '"nodeIds"' | wc -l)" -eq 4 ] || fail "--stages=4 plan: $staged"
+echo "$staged" | grep -q '4 stage(s) as asked' || fail "no --stages note: $staged"
+
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern="$1"; shift
   local err rc
@@ -49,4 +55,6 @@ expect_error "empty.txt:0: empty graph" --profile="$TMP/empty.txt" --workers=2
 expect_error "workers" --profile="$PROFILES/vgg16/graph.txt" --workers=0
 expect_error "cannot open" --profile="$TMP/missing.txt" --workers=2
 expect_error "schedule" --profile="$PROFILES/vgg16/graph.txt" --workers=2 --schedule=zz
+expect_error "stages: 3 asked for, but a stage needs a worker and there are 2" \
+  --profile="$PROFILES/vgg16/graph.txt" --workers=2 --stages=3
 echo PASS

@@ -642,19 +642,24 @@ absl::StatusOr<States> MakeStates(const WorkGraph& w, CostModel model,
 }
 
 // One level's DP tables: for each start state i in `starts`, value and choice
-// for every end j and unit count m in [0, M].
+// for every end j, stage-count slot s and unit count m in [0, M].
 struct LevelTable {
   int S = 0;
   int M = 0;
+  // Stage-count slots: 1 when the planner chooses the count (slot 0: any
+  // number of stages); with a count C asked for, C + 1 (slot s: exactly s
+  // level-0 stages).
+  int NS = 1;
   std::vector<int> start_index;  // state -> row, or -1
-  std::vector<double> value;     // [row][j][m]
+  std::vector<double> value;     // [row][j][s][m]
   std::vector<int> choice_k;     // last cut (== start: single stage)
   std::vector<int> choice_y;     // units of the last stage
-  size_t At(int row, int j, int m) const {
-    return (static_cast<size_t>(row) * S + j) * (M + 1) + m;
+  std::vector<int> choice_s;     // its level-0 stages (only when NS > 1)
+  size_t At(int row, int j, int m, int s = 0) const {
+    return ((static_cast<size_t>(row) * S + j) * NS + s) * (M + 1) + m;
   }
-  double Value(int start, int j, int m) const {
-    return value[At(start_index[start], j, m)];
+  double Value(int start, int j, int m, int s = 0) const {
+    return value[At(start_index[start], j, m, s)];
   }
 };
 
@@ -675,6 +680,8 @@ struct LevelContext {
   int total_workers = 1;
   bool single_level = true;
   schedule::ScheduleKind kind = schedule::ScheduleKind::kAsync;
+  // LevelTable::NS: 1, or the stage count asked for + 1.
+  int stage_slots = 1;
 };
 
 // Memory of a stage holding `params`/`acts` with y replicas and `depth`
@@ -715,31 +722,47 @@ absl::StatusOr<std::vector<std::vector<int>>> ProperSubsets(
 }
 
 // Solves one level for the given start states.
+//
+// With a stage count asked for (ctx.stage_slots = C + 1 > 1), slot s of
+// A(i, j, m) holds the best with exactly s level-0 stages: a level-0 segment
+// is one stage; a level-l segment (k, j) is as many as the inner table's
+// slot it is taken from, B_s'(k, j) = A_{l-1}(k, j, n_{l-1}, s'), and
+// A_s(i, j, m) = min over k, y, s' of max(A_{s-s'}(i, k, m - y), T_s'(k, j, y)).
+// Slot 0 (the planner's choice) runs exactly the recurrence of the header.
 absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
                                       const std::vector<int>& starts,
                                       const std::vector<std::vector<int>>& sub,
                                       int level, SearchBudget* budget) {
   const States& st = *ctx.st;
   const int S = st.sets.size();
+  const int NS = ctx.stage_slots;
+  const bool counted = NS > 1;
   LevelTable t;
   t.S = S;
   t.M = M;
-  // value, choice_k and choice_y per cell.
-  const double cell_bytes = sizeof(double) + 2 * sizeof(int);
+  t.NS = NS;
+  // value, choice_k and choice_y (and choice_s) per cell.
+  const double cell_bytes =
+      sizeof(double) + (counted ? 3 : 2) * sizeof(int);
   if (absl::Status s = budget->ChargeBytes(
-          static_cast<double>(starts.size()) * S * (M + 1) * cell_bytes,
+          static_cast<double>(starts.size()) * S * NS * (M + 1) * cell_bytes,
           absl::StrFormat("the level-%d DP table (%d starts x %d states x %d "
-                          "unit counts)",
-                          level, starts.size(), S, M + 1));
+                          "stage counts x %d unit counts)",
+                          level, starts.size(), S, NS, M + 1));
       !s.ok()) {
     return s;
   }
   t.start_index.assign(S, -1);
   for (size_t r = 0; r < starts.size(); ++r) t.start_index[starts[r]] = r;
-  const size_t cells = starts.size() * static_cast<size_t>(S) * (M + 1);
+  const size_t cells = starts.size() * static_cast<size_t>(S) * NS * (M + 1);
   t.value.assign(cells, kInf);
   t.choice_k.assign(cells, -1);
   t.choice_y.assign(cells, 0);
+  if (counted) t.choice_s.assign(cells, 0);
+  // The stage counts a segment (k, j) of this level may stand for: any
+  // (slot 0); one stage at level 0; 1..C at the levels above.
+  const int inner_lo = counted ? 1 : 0;
+  const int inner_hi = !counted ? 0 : (ctx.inner == nullptr ? 1 : NS - 1);
 
   std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1),
       ring(M + 1);
@@ -756,24 +779,13 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
       is_super[k] = k == i || SubsetOf(st.sets[i], st.sets[k]);
     }
     if (!budget->ChargeSteps(S)) return budget->StepsExceeded(level);
-    for (int m = 0; m <= M; ++m) t.value[t.At(r, i, m)] = 0;
+    for (int m = 0; m <= M; ++m) t.value[t.At(r, i, m, 0)] = 0;
     for (int j = 0; j < S; ++j) {
       if (j == i || !is_super[j]) continue;
-      double* best = &t.value[t.At(r, j, 0)];
-      int* bk = &t.choice_k[t.At(r, j, 0)];
-      int* by = &t.choice_y[t.At(r, j, 0)];
       int64_t steps = 0;
       for (int k : sub[j]) {
         if (!is_super[k]) continue;
-        steps += M;
         const bool first = k == i;
-        double base;
-        if (ctx.inner == nullptr) {
-          base = (st.compute[j] - st.compute[k]) / ctx.speed;
-        } else {
-          base = ctx.inner->Value(k, j, ctx.inner->M);
-        }
-        if (!(base < kInf)) continue;
         const double params = st.params[j] - st.params[k];
         const double acts = st.acts[j] - st.acts[k];
         // Transfer terms (seconds with one replica).
@@ -790,11 +802,12 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           }
         }
         // The copies of those transfers, both ways, take the stage's CPU.
+        double copies = 0;
         if (ctx.transfer_cpu > 0) {
           double crossing = 0;
           if (!first || i != 0) crossing += st.out[k];
           if (j != st.full) crossing += st.out[j];
-          base += 2.0 * crossing / ctx.rho * ctx.transfer_cpu;
+          copies = 2.0 * crossing / ctx.rho * ctx.transfer_cpu;
         }
         const double ar_divisor =
             (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
@@ -809,94 +822,126 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // on its own CPU; where that is slower than the wire it binds.
         ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
         if (!pipedream) ar_coef *= ctx.allreduce_factor;
-        if (pipedream) {
-          for (int y = 1; y <= M; ++y) {
-            tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
-          }
-        } else {
-          for (int y = 1; y <= M; ++y) {
-            tv[y] = std::max(base * inv[y] + ar_coef * ring[y],
-                             transfer * inv[y]);
-          }
-        }
         const bool memory_binds =
             ctx.memory > 0 && ctx.inner == nullptr &&
             StageMemory(ctx.kind, params, acts, ctx.total_workers) > ctx.memory;
-        if (memory_binds) {
-          // Exact but O(M^2): the in-flight depth depends on how many workers
-          // remain downstream, ceil((y + M - m) / y) on one level.
-          steps += static_cast<int64_t>(M) * (M + 1) / 2;
-          for (int m = 1; m <= M; ++m) {
-            for (int y = 1; y <= m; ++y) {
-              const int downstream =
-                  ctx.single_level ? ctx.total_workers - m : ctx.total_workers;
-              const int depth = (y + downstream + y - 1) / y;
-              if (StageMemory(ctx.kind, params, acts, depth) > ctx.memory) {
-                continue;
-              }
-              const double prefix =
-                  first ? 0.0 : t.value[t.At(r, k, m - y)];
-              const double cand = std::max(prefix, tv[y]);
-              if (cand < best[m]) {
-                best[m] = cand;
-                bk[m] = k;
-                by[m] = y;
-              }
-            }
-          }
-          continue;
-        }
-        tmin[0] = kInf;
-        for (int y = 1; y <= M; ++y) {
-          if (tv[y] < tmin[y - 1]) {
-            tmin[y] = tv[y];
-            targ[y] = y;
+        for (int si = inner_lo; si <= inner_hi; ++si) {
+          double base;
+          if (ctx.inner == nullptr) {
+            base = (st.compute[j] - st.compute[k]) / ctx.speed;
           } else {
-            tmin[y] = tmin[y - 1];
-            targ[y] = targ[y - 1];
+            base = ctx.inner->Value(k, j, ctx.inner->M, si);
           }
-        }
-        if (first) {
-          for (int m = 1; m <= M; ++m) {
-            if (tmin[m] < best[m]) {
-              best[m] = tmin[m];
+          if (!(base < kInf)) continue;
+          base += copies;
+          if (pipedream) {
+            for (int y = 1; y <= M; ++y) {
+              tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
+            }
+          } else {
+            for (int y = 1; y <= M; ++y) {
+              tv[y] = std::max(base * inv[y] + ar_coef * ring[y],
+                               transfer * inv[y]);
+            }
+          }
+          if (!memory_binds) {
+            tmin[0] = kInf;
+            for (int y = 1; y <= M; ++y) {
+              if (tv[y] < tmin[y - 1]) {
+                tmin[y] = tv[y];
+                targ[y] = y;
+              } else {
+                tmin[y] = tmin[y - 1];
+                targ[y] = targ[y - 1];
+              }
+            }
+          }
+          // Slots s this segment completes: s = what came before + si.
+          const int s_lo = counted ? si : 0;
+          const int s_hi = counted ? NS - 1 : 0;
+          for (int s = s_lo; s <= s_hi; ++s) {
+            const int before = s - si;  // slot of the prefix (0: free)
+            // A first segment has nothing before it; a later one needs a
+            // prefix of at least one stage when stages are counted.
+            if (counted && (first ? before != 0 : before < 1)) continue;
+            steps += M;
+            double* best = &t.value[t.At(r, j, 0, s)];
+            int* bk = &t.choice_k[t.At(r, j, 0, s)];
+            int* by = &t.choice_y[t.At(r, j, 0, s)];
+            int* bs = counted ? &t.choice_s[t.At(r, j, 0, s)] : nullptr;
+            auto take = [&](int m, double cand, int y) {
+              best[m] = cand;
               bk[m] = k;
-              by[m] = targ[m];
+              by[m] = y;
+              if (bs != nullptr) bs[m] = si;
+            };
+            if (memory_binds) {
+              // Exact but O(M^2): the in-flight depth depends on how many
+              // workers remain downstream, ceil((y + M - m) / y) on one
+              // level.
+              steps += static_cast<int64_t>(M) * (M + 1) / 2;
+              for (int m = 1; m <= M; ++m) {
+                for (int y = 1; y <= m; ++y) {
+                  const int downstream = ctx.single_level
+                                             ? ctx.total_workers - m
+                                             : ctx.total_workers;
+                  const int depth = (y + downstream + y - 1) / y;
+                  if (StageMemory(ctx.kind, params, acts, depth) >
+                      ctx.memory) {
+                    continue;
+                  }
+                  const double prefix =
+                      first ? 0.0 : t.value[t.At(r, k, m - y, before)];
+                  const double cand = std::max(prefix, tv[y]);
+                  if (cand < best[m]) take(m, cand, y);
+                }
+              }
+              continue;
             }
-          }
-          continue;
-        }
-        const double* a = &t.value[t.At(r, k, 0)];
-        // f_m(y) = max(a[m - y], tmin[y]): a[m-y] rises with y, tmin falls.
-        // ystar(m) = smallest y with a[m - y] >= tmin[y]; non-decreasing in m.
-        int ystar = 1;
-        for (int m = 1; m <= M; ++m) {
-          if (ystar > m) ystar = m;
-          while (ystar < m && a[m - ystar] < tmin[ystar]) ++ystar;
-          // Candidate at ystar and ystar - 1.
-          double cand = std::max(a[m - ystar], tmin[ystar]);
-          int cy = ystar;
-          if (ystar > 1) {
-            const double c2 = std::max(a[m - ystar + 1], tmin[ystar - 1]);
-            if (c2 < cand) {
-              cand = c2;
-              cy = ystar - 1;
+            if (first) {
+              for (int m = 1; m <= M; ++m) {
+                if (tmin[m] < best[m]) take(m, tmin[m], targ[m]);
+              }
+              continue;
             }
-          }
-          if (cand < best[m]) {
-            best[m] = cand;
-            bk[m] = k;
-            by[m] = targ[cy];
+            const double* a = &t.value[t.At(r, k, 0, before)];
+            // f_m(y) = max(a[m - y], tmin[y]): a[m-y] rises with y, tmin
+            // falls. ystar(m) = smallest y with a[m - y] >= tmin[y];
+            // non-decreasing in m.
+            int ystar = 1;
+            for (int m = 1; m <= M; ++m) {
+              if (ystar > m) ystar = m;
+              while (ystar < m && a[m - ystar] < tmin[ystar]) ++ystar;
+              // Candidate at ystar and ystar - 1.
+              double cand = std::max(a[m - ystar], tmin[ystar]);
+              int cy = ystar;
+              if (ystar > 1) {
+                const double c2 = std::max(a[m - ystar + 1], tmin[ystar - 1]);
+                if (c2 < cand) {
+                  cand = c2;
+                  cy = ystar - 1;
+                }
+              }
+              if (cand < best[m]) take(m, cand, targ[cy]);
+            }
           }
         }
       }
       if (!budget->ChargeSteps(steps)) return budget->StepsExceeded(level);
       // At most m units: non-increasing in m.
-      for (int m = 1; m <= M; ++m) {
-        if (best[m - 1] <= best[m]) {
-          best[m] = best[m - 1];
-          bk[m] = bk[m - 1];
-          by[m] = by[m - 1];
+      for (int s = 0; s < NS; ++s) {
+        const size_t at = t.At(r, j, 0, s);
+        double* best = &t.value[at];
+        int* bk = &t.choice_k[at];
+        int* by = &t.choice_y[at];
+        int* bs = counted ? &t.choice_s[at] : nullptr;
+        for (int m = 1; m <= M; ++m) {
+          if (best[m - 1] <= best[m]) {
+            best[m] = best[m - 1];
+            bk[m] = bk[m - 1];
+            by[m] = by[m - 1];
+            if (bs != nullptr) bs[m] = bs[m - 1];
+          }
         }
       }
     }
@@ -909,32 +954,35 @@ struct FlatStage {
   std::vector<int> workers;
 };
 
-// Expands the level-l solution of segment (i, j) with m units, replicated
-// over `copies` (each a list of m unit ids at level l), into level-0 stages.
+// Expands the level-l solution of segment (i, j) with m units and stage
+// slot `slot` (see LevelTable::NS), replicated over `copies` (each a list of
+// m unit ids at level l), into level-0 stages.
 void Flatten(const std::vector<LevelTable>& tables,
              const std::vector<Level>& levels, int l, int i, int j, int m,
-             const std::vector<std::vector<int>>& copies,
+             int slot, const std::vector<std::vector<int>>& copies,
              std::vector<FlatStage>* out) {
   const LevelTable& t = tables[l];
+  struct Segment {
+    int k, y, slot;
+  };
   // Walk back from j.
-  std::vector<std::pair<int, int>> segments;  // (k, y) from last to first
+  std::vector<Segment> segments;  // from last to first
   int cur = j, units = m;
   while (cur != i) {
-    const size_t at = t.At(t.start_index[i], cur, units);
-    const int k = t.choice_k[at];
-    const int y = t.choice_y[at];
-    segments.push_back({k, y});
-    units -= y;
-    cur = k;
+    const size_t at = t.At(t.start_index[i], cur, units, slot);
+    const Segment seg{t.choice_k[at], t.choice_y[at],
+                      t.NS > 1 ? t.choice_s[at] : 0};
+    segments.push_back(seg);
+    units -= seg.y;
+    slot -= seg.slot;
+    cur = seg.k;
   }
   std::reverse(segments.begin(), segments.end());
-  int end_prev = i;
   int offset = 0;
   for (size_t s = 0; s < segments.size(); ++s) {
-    const int k = segments[s].first;
-    const int y = segments[s].second;
-    const int seg_end = s + 1 < segments.size() ? segments[s + 1].first : j;
-    (void)end_prev;
+    const int k = segments[s].k;
+    const int y = segments[s].y;
+    const int seg_end = s + 1 < segments.size() ? segments[s + 1].k : j;
     if (l == 0) {
       FlatStage fs;
       fs.k = k;
@@ -953,10 +1001,10 @@ void Flatten(const std::vector<LevelTable>& tables,
           inner.push_back(std::move(sub));
         }
       }
-      Flatten(tables, levels, l - 1, k, seg_end, fan, inner, out);
+      Flatten(tables, levels, l - 1, k, seg_end, fan, segments[s].slot, inner,
+              out);
     }
     offset += y;
-    end_prev = seg_end;
   }
 }
 
@@ -1268,16 +1316,44 @@ absl::Status NothingFits(const Graph& graph, const Cluster& cluster,
       schedule::ScheduleKindName(options.schedule)));
 }
 
+// Why no plan has exactly `stages` stages: too few cuts in the searched
+// states (the longest chain of states from {} to the whole graph), or else
+// memory.
+absl::Status NoPlanWithStages(const States& st,
+                              const std::vector<std::vector<int>>& sub,
+                              int stages) {
+  // States are sorted by size: a state's proper subsets come first.
+  std::vector<int> chain(st.sets.size(), 0);  // segments from {} to it
+  for (size_t j = 1; j < st.sets.size(); ++j) {
+    for (int k : sub[j]) chain[j] = std::max(chain[j], chain[k] + 1);
+  }
+  if (chain[st.full] < stages) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stages: %d asked for, but the model has at most %d%s",
+        stages, chain[st.full],
+        st.exact ? " cut into stages"
+                 : absl::StrCat(" in the states the planner searched (",
+                                st.search, ")")));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "stages: no plan with exactly %d stages fits the devices' memory",
+      stages));
+}
+
 int64_t StateCap(const PlannerOptions& options, const Cluster& cluster) {
   if (options.max_states < 0) return -1;
   if (options.max_states > 0) return options.max_states;
   // Work budget: single level ~ S^2/2 * M pair-steps; multi-level inner
   // levels ~ S^3/6 * n.
+  // A stage count asked for multiplies the work by its slots (C + 1) on
+  // one level, by about their square above it (a segment's count and the
+  // prefix's).
+  const double slots = options.stages > 0 ? options.stages + 1 : 1;
   if (cluster.levels.size() == 1) {
     constexpr double kBudget = 3e7;
     const double m = std::max(1, cluster.num_workers());
     return static_cast<int64_t>(
-        std::clamp(std::sqrt(2 * kBudget / m), 64.0, 3000.0));
+        std::clamp(std::sqrt(2 * kBudget / (m * slots)), 64.0, 3000.0));
   }
   constexpr double kBudget = 2e7;
   int max_inner = 1;
@@ -1286,7 +1362,8 @@ int64_t StateCap(const PlannerOptions& options, const Cluster& cluster) {
   }
   const double inner_levels = cluster.levels.size() - 1;
   return static_cast<int64_t>(std::clamp(
-      std::cbrt(6 * kBudget / (max_inner * inner_levels)), 48.0, 300.0));
+      std::cbrt(6 * kBudget / (max_inner * inner_levels * slots * slots)),
+      48.0, 300.0));
 }
 
 absl::Status CheckInputs(const Graph& graph, const Cluster& cluster,
@@ -1305,6 +1382,11 @@ absl::Status CheckInputs(const Graph& graph, const Cluster& cluster,
   if (options.schedule == schedule::ScheduleKind::kDataParallel) {
     return absl::InvalidArgumentError(
         "schedule dp is not a pipeline; use DataParallelPlan");
+  }
+  if (options.stages < 0 || options.stages > cluster.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stages: %d asked for, but a stage needs a worker and there are %d",
+        options.stages, cluster.num_workers()));
   }
   return absl::OkStatus();
 }
@@ -1360,6 +1442,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.total_workers = cluster.num_workers();
     ctx.single_level = L == 1;
     ctx.kind = options.schedule;
+    ctx.stage_slots = options.stages > 0 ? options.stages + 1 : 1;
     const bool final_level = l == L - 1;
     absl::StatusOr<LevelTable> table =
         SolveLevel(ctx, cluster.levels[l].fanout,
@@ -1369,13 +1452,17 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     tables[l] = *std::move(table);
   }
   const int top_units = cluster.levels[L - 1].fanout;
-  const double value = tables[L - 1].Value(0, st.full, top_units);
-  if (!(value < kInf)) return NothingFits(graph, cluster, options);
+  const double value =
+      tables[L - 1].Value(0, st.full, top_units, std::max(0, options.stages));
+  if (!(value < kInf)) {
+    if (options.stages > 0) return NoPlanWithStages(st, sub, options.stages);
+    return NothingFits(graph, cluster, options);
+  }
   std::vector<int> units(top_units);
   std::iota(units.begin(), units.end(), 0);
   std::vector<FlatStage> flat;
-  Flatten(tables, cluster.levels, L - 1, 0, st.full, top_units, {units},
-          &flat);
+  Flatten(tables, cluster.levels, L - 1, 0, st.full, top_units,
+          std::max(0, options.stages), {units}, &flat);
 
   // Heterogeneous workers: hand the fastest workers to the stages with the
   // most work per replica, keeping each stage's workers inside the groups
@@ -1420,6 +1507,11 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
       !s.ok()) {
     return s;
   }
+  if (options.stages > 0) {
+    plan.notes.push_back(absl::StrFormat(
+        "%d stage(s) as asked: the best plan with exactly that many",
+        options.stages));
+  }
   return plan;
 }
 
@@ -1428,6 +1520,7 @@ absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
                                       const PlannerOptions& options) {
   PlannerOptions dp = options;
   dp.schedule = schedule::ScheduleKind::kGPipe;  // validated as a pipeline
+  dp.stages = 0;  // one stage by definition
   if (absl::Status s = CheckInputs(graph, cluster, dp); !s.ok()) return s;
   const WorkGraph w = BuildWorkGraph(graph);
   std::vector<int> all_one(w.n, 0);

@@ -33,6 +33,14 @@
 // found by a moving crossing point, O(M) per (k, j) pair instead of
 // PipeDream's O(M^2).
 //
+// A stage count asked for (PlannerOptions::stages = C) adds a slot per
+// count to every cell: A_s(i, j, m) is the best with exactly s level-0
+// stages, a level-0 segment counting one and a level-l segment as many as
+// the inner slot it is taken from, so
+//   A_s(i, j, m) = min over k, y, s' of max(A_{s-s'}(i, k, m - y),
+//                                           T_s'(k, j, y))
+// with B_s'(k, j) = A_{l-1, s'}(k, j, n_{l-1}); the plan is A_C at the top.
+//
 // Cost models:
 //   kPipeDream  bit-for-bit PipeDream's optimizer_graph_hierarchical.py: Input
 //               sources and __getitem__ sinks are dropped, Out(k) sums the
@@ -94,6 +102,11 @@ struct PlannerOptions {
   // the in-flight depth.
   int micro_batches = 0;
   int max_in_flight = 0;  // see schedule::ScheduleOptions
+  // Exactly this many pipeline stages (0: the planner chooses). The DP then
+  // keeps, per state and unit count, the best for every count up to it
+  // (LevelTable::NS), and plans only with that many; a count the cuts or
+  // the workers cannot give fails with INVALID_ARGUMENT naming `stages`.
+  int stages = 0;
   // Cap on DP states per level. 0: derived from a work budget so planning
   // stays well under a second; -1: exact (may be very slow; `budget` still
   // bounds it).

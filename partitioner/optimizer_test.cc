@@ -219,31 +219,32 @@ struct Brute {
     }
     return t;
   }
-  // Best bottleneck over all chains of ideals and replica counts (<= M).
-  double Solve() {
+  // Best bottleneck over all chains of ideals and replica counts (<= M),
+  // with exactly `stages` stages (0: any); 1e300 when there is none.
+  double Solve(int stages = 0) {
     const unsigned full = (1u << g.num_nodes()) - 1;
     std::vector<unsigned> ideals;
     for (unsigned d = 1; d <= full; ++d) {
       if (IsIdeal(d)) ideals.push_back(d);
     }
     double best = 1e300;
-    std::function<void(unsigned, int, double)> go = [&](unsigned lo, int used,
-                                                        double worst) {
-      for (unsigned hi : ideals) {
-        if ((hi & lo) != lo || hi == lo) continue;
-        for (int y = 1; used + y <= M; ++y) {
-          const double t =
-              std::max(worst, StageTime(lo, hi, y, lo == 0, hi == full));
-          if (t >= best) continue;
-          if (hi == full) {
-            best = t;
-          } else {
-            go(hi, used + y, t);
+    std::function<void(unsigned, int, double, int)> go =
+        [&](unsigned lo, int used, double worst, int count) {
+          for (unsigned hi : ideals) {
+            if ((hi & lo) != lo || hi == lo) continue;
+            for (int y = 1; used + y <= M; ++y) {
+              const double t =
+                  std::max(worst, StageTime(lo, hi, y, lo == 0, hi == full));
+              if (t >= best) continue;
+              if (hi == full) {
+                if (stages == 0 || count + 1 == stages) best = t;
+              } else if (stages == 0 || count + 1 < stages) {
+                go(hi, used + y, t, count + 1);
+              }
+            }
           }
-        }
-      }
-    };
-    go(0, 0, 0);
+        };
+    go(0, 0, 0, 0);
     return best;
   }
 };
@@ -277,6 +278,122 @@ TEST(OptimizerTest, MatchesBruteForceOnSmallRandomDags) {
           << "trial " << trial << " n=" << n << " M=" << machines;
     }
   }
+}
+
+// The same small DAGs with every stage count the workers allow: the DP's
+// best with exactly that many stages is the brute force's, and a count the
+// DAG has no cuts for is INVALID_ARGUMENT naming `stages`.
+TEST(OptimizerTest, AStageCountAskedForIsTheBestWithExactlyThatMany) {
+  std::mt19937 rng(11);
+  int impossible = 0, pipelines = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const int n = 3 + trial % 5;
+    Graph g = SyntheticDag(n, 100 + trial, 3, 4);
+    Graph h;
+    std::uniform_real_distribution<double> u(0.1, 1.0);
+    for (int v = 0; v < g.num_nodes(); ++v) {
+      Node node = g.node(v);
+      node.forward_seconds = u(rng) * 0.01;
+      node.backward_seconds = u(rng) * 0.01;
+      node.activation_bytes = u(rng) * 4e6;
+      node.parameter_bytes = u(rng) * 4e6;
+      h.AddNode(node);
+    }
+    for (const Edge& e : g.edges()) ASSERT_TRUE(h.AddEdge(e.from, e.to).ok());
+    ASSERT_TRUE(h.Validate().ok());
+    for (int machines : {2, 3, 4}) {
+      Brute brute(h, machines);
+      for (int stages = 1; stages <= machines; ++stages) {
+        const double expected = brute.Solve(stages);
+        PlannerOptions o = PipeDreamOptions();
+        o.max_states = -1;
+        o.stages = stages;
+        absl::StatusOr<Plan> plan = PlanPipeline(h, Flat(machines), o);
+        const std::string where = absl::StrCat(
+            "trial ", trial, " n=", n, " M=", machines, " stages=", stages);
+        if (expected >= 1e300) {
+          ASSERT_FALSE(plan.ok()) << where;
+          EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument)
+              << where << ": " << plan.status();
+          EXPECT_TRUE(absl::StartsWith(plan.status().message(), "stages: "))
+              << plan.status();
+          ++impossible;
+          continue;
+        }
+        ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
+        EXPECT_NEAR(plan->bottleneck_seconds, expected, expected * 1e-9)
+            << where;
+        EXPECT_EQ(static_cast<int>(plan->stages.size()), stages) << where;
+        ExpectValidPlan(h, Flat(machines), *plan);
+        pipelines += stages > 1;
+      }
+    }
+  }
+  // Both outcomes were exercised.
+  EXPECT_GT(impossible, 0);
+  EXPECT_GT(pipelines, 50);
+}
+
+// On two levels (and with the apapo cost model) every count from 1 to the
+// workers gives a valid plan with that many stages, none better than the
+// free plan, and the best of them is the free plan.
+TEST(OptimizerTest, StageCountsCoverTheFreePlanOnTwoLevels) {
+  for (const char* name : {"vgg16", "resnet18"}) {
+    const Graph g = LoadProfile(name);
+    absl::StatusOr<Cluster> c = MakeCluster(8, "4:10e9,2:1e8", "", "");
+    ASSERT_TRUE(c.ok());
+    PlannerOptions free;
+    free.max_states = 120;  // the same states with and without a count
+    absl::StatusOr<Plan> best = PlanPipeline(g, *c, free);
+    ASSERT_TRUE(best.ok()) << best.status();
+    double best_forced = 1e300;
+    for (int stages = 1; stages <= 8; ++stages) {
+      PlannerOptions o = free;
+      o.stages = stages;
+      absl::StatusOr<Plan> plan = PlanPipeline(g, *c, o);
+      ASSERT_TRUE(plan.ok()) << name << " stages=" << stages << ": "
+                             << plan.status();
+      EXPECT_EQ(static_cast<int>(plan->stages.size()), stages) << name;
+      ExpectValidPlan(g, *c, *plan);
+      EXPECT_GE(plan->bottleneck_seconds,
+                best->bottleneck_seconds * (1 - 1e-12))
+          << name << " stages=" << stages;
+      const std::string note = absl::StrCat(stages, " stage(s) as asked");
+      EXPECT_TRUE(std::any_of(
+          plan->notes.begin(), plan->notes.end(),
+          [&](const std::string& n) { return absl::StartsWith(n, note); }))
+          << absl::StrJoin(plan->notes, "\n");
+      best_forced = std::min(best_forced, plan->bottleneck_seconds);
+    }
+    EXPECT_NEAR(best_forced, best->bottleneck_seconds,
+                best->bottleneck_seconds * 1e-9)
+        << name << ": the free plan has " << best->stages.size()
+        << " stage(s)";
+  }
+}
+
+TEST(OptimizerTest, AStageCountPastTheWorkersOrTheCutsIsInvalid) {
+  const Graph g = LoadProfile("vgg16");
+  PlannerOptions o;
+  o.stages = 5;
+  absl::StatusOr<Plan> plan = PlanPipeline(g, Flat(4), o);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(),
+            "stages: 5 asked for, but a stage needs a worker and there are 4")
+      << plan.status();
+  o.stages = -1;
+  EXPECT_EQ(PlanPipeline(g, Flat(4), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A chain of three layers has at most three stages.
+  Graph chain = SyntheticChain(3, 1);
+  o.stages = 4;
+  plan = PlanPipeline(chain, Flat(8), o);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(plan.status().message(),
+                               "stages: 4 asked for, but the model has at most"))
+      << plan.status();
 }
 
 TEST(OptimizerTest, RespectsMemoryAndSaysWhyNothingFits) {

@@ -96,8 +96,26 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
+  // A stage count asked for is the DP's: the best plan with exactly that
+  // many stages. The validator keeps it within spec.resources.workers; a
+  // re-plan after losing workers may have fewer, and then the job goes on
+  // with one stage per worker left rather than failing.
+  options.stages = std::max(0, spec.schedule().stages());
+  std::string fewer_stages_note;
+  if (options.stages > cluster->num_workers()) {
+    fewer_stages_note = absl::StrCat(
+        "spec.schedule.stages asks for ", options.stages, " stages; ",
+        cluster->num_workers(), " worker(s) are left, one stage each");
+    options.stages = cluster->num_workers();
+  }
   absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, options);
-  if (!plan.ok()) return plan.status();
+  if (!plan.ok()) {
+    if (options.stages > 0 && absl::StartsWith(plan.status().message(), "stages: ")) {
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("spec.schedule.", plan.status().message()));
+    }
+    return plan.status();
+  }
 
   // Wide Linear layers split column-wise give the DP finer cut points: an
   // mlp whose whole-layer cuts leave 38% | 62% of the work balances to
@@ -207,11 +225,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       }
     }
   }
-  if (spec.schedule().stages() > 0 && out.stages_size() != spec.schedule().stages()) {
-    out.add_notes(absl::StrCat("spec asked for ", spec.schedule().stages(),
-                               " stage(s); the planner cannot force a stage "
-                               "count and chose ", out.stages_size()));
-  }
+  if (!fewer_stages_note.empty()) out.add_notes(fewer_stages_note);
   if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
     out.add_notes("schedule auto: async 1F1B with weight stashing");
   }

@@ -188,6 +188,72 @@ TEST(PartitionerPlannerTest, ExplicitDataParallelReplicatesOneStage) {
   EXPECT_EQ(plan->stages(0).replicas(), 2);
 }
 
+// spec.schedule.stages is the DP's stage count, not a hint: the best plan
+// with exactly that many stages, whatever the planner would choose.
+TEST(PartitionerPlannerTest, TheSpecsStageCountIsHonoured) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec = Spec();
+  spec.mutable_schedule()->set_micro_batches(0);
+  // Copies at 2.1 ns per byte: free, the planner replicates the wide cut.
+  apapo::v1::ClusterSpec cluster = TwoWorkers(1e9);
+  AddLink(&cluster, "alpha", "beta", 2.1e-9);
+  auto free = planner.MakePlan(spec, WideCutProfile(), cluster);
+  ASSERT_TRUE(free.ok()) << free.status();
+  ASSERT_EQ(free->stages_size(), 1) << free->DebugString();
+
+  spec.mutable_schedule()->set_stages(2);
+  auto two = planner.MakePlan(spec, WideCutProfile(), cluster);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->stages_size(), 2) << two->DebugString();
+  EXPECT_EQ(two->stages(0).node_ids(0), "conv");
+  EXPECT_EQ(two->stages(1).node_ids(0), "head");
+  EXPECT_THAT(two->notes(), ::testing::Contains(::testing::HasSubstr(
+                                "2 stage(s) as asked")));
+  EXPECT_THAT(two->notes(), ::testing::Not(::testing::Contains(
+                                ::testing::HasSubstr("cannot force"))));
+  // It predicts what it is: slower than the plan it would have chosen.
+  EXPECT_LT(two->prediction().samples_per_second(),
+            free->prediction().samples_per_second());
+
+  // The other way round: the chain on a slow link is a pipeline when free
+  // (the first test); asked for one stage, the DP still chooses its
+  // replicas: one worker at 1e8 B/s, where all-reducing 64 MB costs more
+  // than a second replica saves, and both at 1e10 B/s.
+  apapo::v1::JobSpec one = Spec();
+  one.mutable_schedule()->set_stages(1);
+  auto single = planner.MakePlan(one, ChainProfile(), TwoWorkers(1e8));
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_EQ(single->stages_size(), 1) << single->DebugString();
+  EXPECT_EQ(single->stages(0).placement_size(), 1);
+  auto replicated = planner.MakePlan(one, ChainProfile(), TwoWorkers(1e10));
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  ASSERT_EQ(replicated->stages_size(), 1) << replicated->DebugString();
+  EXPECT_EQ(replicated->stages(0).placement_size(), 2);
+
+  // More stages than the model has cuts: the field and the reason.
+  spec.mutable_schedule()->set_stages(3);
+  apapo::v1::ClusterSpec three_workers = TwoWorkers(1e9);
+  auto* w = three_workers.add_workers();
+  w->set_worker_id("gamma");
+  w->set_relative_speed(1.0);
+  three_workers.mutable_levels(0)->set_group_size(3);
+  auto three = planner.MakePlan(spec, WideCutProfile(), three_workers);
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(three.status().message()),
+              ::testing::StartsWith("spec.schedule.stages: 3 asked for, but "
+                                    "the model has at most 2"));
+
+  // More stages than the workers a re-plan has left (the validator keeps
+  // a submitted spec within its workers): one stage per worker, noted.
+  auto shrunk = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e8));
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->stages_size(), 2);
+  EXPECT_THAT(shrunk->notes(),
+              ::testing::Contains(
+                  "spec.schedule.stages asks for 3 stages; 2 worker(s) are "
+                  "left, one stage each"));
+}
+
 TEST(PartitionerPlannerTest, BadProfileIsInvalidArgument) {
   PartitionerPlanner planner;
   auto profile = ChainProfile();
