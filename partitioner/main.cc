@@ -46,6 +46,8 @@ ABSL_FLAG(int, micro_batches, 0, "micro-batches per iteration (0: auto)");
 ABSL_FLAG(int, max_in_flight, 0, "bound on in-flight micro-batches (0: auto)");
 ABSL_FLAG(int, stages, 0,
           "exactly this many pipeline stages (0: the planner chooses)");
+ABSL_FLAG(int, replicas, 0,
+          "exactly this many replicas of every stage (0: the planner chooses)");
 ABSL_FLAG(int, max_states, 0, "DP state cap (0: auto, -1: exact)");
 ABSL_FLAG(double, batch_size, 1, "samples per mini-batch (for samples/s)");
 ABSL_FLAG(std::string, format, "table", "table or json");
@@ -153,12 +155,13 @@ int Run() {
   options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.stages = absl::GetFlag(FLAGS_stages);
+  options.replicas = absl::GetFlag(FLAGS_replicas);
   options.max_states = absl::GetFlag(FLAGS_max_states);
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   if (options.micro_batches < 0 || options.max_in_flight < 0 ||
-      options.stages < 0 ||
+      options.stages < 0 || options.replicas < 0 ||
       !(options.batch_size > 0) || !(options.activation_compression_ratio > 0)) {
-    return Fail(2, "--micro_batches, --max_in_flight, --stages must be >= 0; "
+    return Fail(2, "--micro_batches, --max_in_flight, --stages, --replicas must be >= 0; "
                    "--batch_size, --activation_compression_ratio > 0");
   }
   const std::string format = absl::GetFlag(FLAGS_format);

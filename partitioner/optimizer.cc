@@ -682,6 +682,8 @@ struct LevelContext {
   schedule::ScheduleKind kind = schedule::ScheduleKind::kAsync;
   // LevelTable::NS: 1, or the stage count asked for + 1.
   int stage_slots = 1;
+  // Replicas every stage must have (0: any); one level only.
+  int replicas = 0;
 };
 
 // Memory of a stage holding `params`/`acts` with y replicas and `depth`
@@ -842,6 +844,11 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
             for (int y = 1; y <= M; ++y) {
               tv[y] = std::max(base * inv[y] + ar_coef * ring[y],
                                transfer * inv[y]);
+            }
+          }
+          if (ctx.replicas > 0) {
+            for (int y = 1; y <= M; ++y) {
+              if (y != ctx.replicas) tv[y] = kInf;
             }
           }
           if (!memory_binds) {
@@ -1388,6 +1395,14 @@ absl::Status CheckInputs(const Graph& graph, const Cluster& cluster,
         "stages: %d asked for, but a stage needs a worker and there are %d",
         options.stages, cluster.num_workers()));
   }
+  if (options.replicas < 0 ||
+      static_cast<int64_t>(std::max(1, options.stages)) * options.replicas >
+          cluster.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "replicas: %d per stage asked for (x %d stage(s)), but there are %d "
+        "workers",
+        options.replicas, std::max(1, options.stages), cluster.num_workers()));
+  }
   return absl::OkStatus();
 }
 
@@ -1396,6 +1411,26 @@ absl::Status CheckInputs(const Graph& graph, const Cluster& cluster,
 absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                                   const PlannerOptions& options) {
   if (absl::Status s = CheckInputs(graph, cluster, options); !s.ok()) return s;
+  if (options.replicas > 0 && cluster.levels.size() > 1) {
+    // A stage's replicas are the product of its units' counts over the
+    // levels, which the DP does not track: plan on one level at the
+    // slowest link (every transfer and all-reduce priced as if it crossed
+    // it), where the count is exact.
+    Cluster one = cluster;
+    double slowest = cluster.levels.front().bandwidth;
+    for (const Level& level : cluster.levels) {
+      slowest = std::min(slowest, level.bandwidth);
+    }
+    one.levels = {Level{cluster.num_workers(), slowest}};
+    absl::StatusOr<Plan> plan = PlanPipeline(graph, one, options);
+    if (plan.ok()) {
+      plan->notes.push_back(absl::StrFormat(
+          "%d replicas per stage asked for: planned on one level of %d "
+          "workers at the slowest link (%.4g B/s), not the hierarchy",
+          options.replicas, cluster.num_workers(), slowest));
+    }
+    return plan;
+  }
   const WorkGraph w = BuildWorkGraph(graph);
   const int64_t cap = StateCap(options, cluster);
   SearchBudget budget(options.budget);
@@ -1443,6 +1478,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.single_level = L == 1;
     ctx.kind = options.schedule;
     ctx.stage_slots = options.stages > 0 ? options.stages + 1 : 1;
+    ctx.replicas = options.replicas;
     const bool final_level = l == L - 1;
     absl::StatusOr<LevelTable> table =
         SolveLevel(ctx, cluster.levels[l].fanout,
@@ -1512,6 +1548,10 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
         "%d stage(s) as asked: the best plan with exactly that many",
         options.stages));
   }
+  if (options.replicas > 0) {
+    plan.notes.push_back(absl::StrFormat(
+        "%d replica(s) per stage as asked", options.replicas));
+  }
   return plan;
 }
 
@@ -1522,14 +1562,21 @@ absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
   dp.schedule = schedule::ScheduleKind::kGPipe;  // validated as a pipeline
   dp.stages = 0;  // one stage by definition
   if (absl::Status s = CheckInputs(graph, cluster, dp); !s.ok()) return s;
+  // Replicas asked for: the fastest that many workers (stable: the first
+  // of equal speed).
+  std::vector<int> workers(cluster.num_workers());
+  std::iota(workers.begin(), workers.end(), 0);
+  std::stable_sort(workers.begin(), workers.end(), [&](int a, int b) {
+    return cluster.speed(a) > cluster.speed(b);
+  });
+  if (options.replicas > 0) workers.resize(options.replicas);
+  std::sort(workers.begin(), workers.end());
   const WorkGraph w = BuildWorkGraph(graph);
   std::vector<int> all_one(w.n, 0);
   Units units = MakeUnits(w, all_one);
   std::vector<Bits> sets;
   EnumerateIdeals(units, -1, &sets);
   const States st = BuildStates(w, units, std::move(sets), options.cost_model);
-  std::vector<int> workers(cluster.num_workers());
-  std::iota(workers.begin(), workers.end(), 0);
   std::vector<FlatStage> flat = {FlatStage{0, st.full, workers}};
   Plan plan;
   plan.num_states = st.sets.size();
@@ -1537,7 +1584,7 @@ absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
   dp.schedule = schedule::ScheduleKind::kDataParallel;
   dp.micro_batches = options.micro_batches > 0
                          ? options.micro_batches
-                         : cluster.num_workers();
+                         : static_cast<int>(workers.size());
   if (absl::Status s = FinishPlan(graph, w, st, cluster, dp, flat, 0, &plan);
       !s.ok()) {
     return s;

@@ -107,6 +107,11 @@ struct PlannerOptions {
   // (LevelTable::NS), and plans only with that many; a count the cuts or
   // the workers cannot give fails with INVALID_ARGUMENT naming `stages`.
   int stages = 0;
+  // Exactly this many replicas of every stage (0: the planner chooses);
+  // stages x replicas must not exceed the workers. Exact on one level; a
+  // hierarchy is then planned as one level at its slowest link (a note says
+  // so). DataParallelPlan takes the fastest this many workers.
+  int replicas = 0;
   // Cap on DP states per level. 0: derived from a work budget so planning
   // stays well under a second; -1: exact (may be very slow; `budget` still
   // bounds it).
@@ -187,8 +192,8 @@ struct Plan {
 absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                                   const PlannerOptions& options);
 
-// The data-parallel plan (one stage, every worker a replica) under the same
-// cost model, for comparisons.
+// The data-parallel plan (one stage, every worker a replica, or the
+// options.replicas fastest) under the same cost model, for comparisons.
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
                                       const Cluster& cluster,
                                       const PlannerOptions& options);

@@ -220,8 +220,9 @@ struct Brute {
     return t;
   }
   // Best bottleneck over all chains of ideals and replica counts (<= M),
-  // with exactly `stages` stages (0: any); 1e300 when there is none.
-  double Solve(int stages = 0) {
+  // with exactly `stages` stages and `replicas` replicas each (0: any);
+  // 1e300 when there is none.
+  double Solve(int stages = 0, int replicas = 0) {
     const unsigned full = (1u << g.num_nodes()) - 1;
     std::vector<unsigned> ideals;
     for (unsigned d = 1; d <= full; ++d) {
@@ -233,6 +234,7 @@ struct Brute {
           for (unsigned hi : ideals) {
             if ((hi & lo) != lo || hi == lo) continue;
             for (int y = 1; used + y <= M; ++y) {
+              if (replicas > 0 && y != replicas) continue;
               const double t =
                   std::max(worst, StageTime(lo, hi, y, lo == 0, hi == full));
               if (t >= best) continue;
@@ -304,13 +306,17 @@ TEST(OptimizerTest, AStageCountAskedForIsTheBestWithExactlyThatMany) {
     for (int machines : {2, 3, 4}) {
       Brute brute(h, machines);
       for (int stages = 1; stages <= machines; ++stages) {
-        const double expected = brute.Solve(stages);
+       for (int replicas : {0, 1, 2}) {
+        if (stages * std::max(1, replicas) > machines) continue;
+        const double expected = brute.Solve(stages, replicas);
         PlannerOptions o = PipeDreamOptions();
         o.max_states = -1;
         o.stages = stages;
+        o.replicas = replicas;
         absl::StatusOr<Plan> plan = PlanPipeline(h, Flat(machines), o);
-        const std::string where = absl::StrCat(
-            "trial ", trial, " n=", n, " M=", machines, " stages=", stages);
+        const std::string where =
+            absl::StrCat("trial ", trial, " n=", n, " M=", machines,
+                         " stages=", stages, " replicas=", replicas);
         if (expected >= 1e300) {
           ASSERT_FALSE(plan.ok()) << where;
           EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument)
@@ -324,8 +330,14 @@ TEST(OptimizerTest, AStageCountAskedForIsTheBestWithExactlyThatMany) {
         EXPECT_NEAR(plan->bottleneck_seconds, expected, expected * 1e-9)
             << where;
         EXPECT_EQ(static_cast<int>(plan->stages.size()), stages) << where;
+        if (replicas > 0) {
+          for (const StagePlan& st : plan->stages) {
+            EXPECT_EQ(st.replicas, replicas) << where;
+          }
+        }
         ExpectValidPlan(h, Flat(machines), *plan);
         pipelines += stages > 1;
+       }
       }
     }
   }
@@ -370,6 +382,49 @@ TEST(OptimizerTest, StageCountsCoverTheFreePlanOnTwoLevels) {
         << name << ": the free plan has " << best->stages.size()
         << " stage(s)";
   }
+}
+
+// Replicas asked for on two levels: every stage has that many, planned on
+// one level at the slowest link (said in a note); the data-parallel plan
+// takes the fastest that many workers.
+TEST(OptimizerTest, AReplicaCountAskedForIsExact) {
+  const Graph g = LoadProfile("vgg16");
+  absl::StatusOr<Cluster> c = MakeCluster(8, "4:10e9,2:1e8", "", "");
+  ASSERT_TRUE(c.ok());
+  for (int stages : {0, 2, 4}) {
+    PlannerOptions o;
+    o.stages = stages;
+    o.replicas = 2;
+    absl::StatusOr<Plan> plan = PlanPipeline(g, *c, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    if (stages > 0) EXPECT_EQ(static_cast<int>(plan->stages.size()), stages);
+    for (const StagePlan& st : plan->stages) EXPECT_EQ(st.replicas, 2);
+    ExpectValidPlan(g, *c, *plan);
+    EXPECT_TRUE(std::any_of(plan->notes.begin(), plan->notes.end(),
+                            [](const std::string& n) {
+                              return absl::StrContains(
+                                  n, "one level of 8 workers at the slowest "
+                                     "link (1e+08 B/s)");
+                            }))
+        << absl::StrJoin(plan->notes, "\n");
+  }
+  PlannerOptions too_many;
+  too_many.stages = 3;
+  too_many.replicas = 3;
+  absl::StatusOr<Plan> none = PlanPipeline(g, *c, too_many);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message(),
+            "replicas: 3 per stage asked for (x 3 stage(s)), but there are 8 "
+            "workers");
+
+  absl::StatusOr<Cluster> mixed = MakeCluster(4, "", "", "1.0,2.0,1.0,3.0");
+  ASSERT_TRUE(mixed.ok());
+  PlannerOptions two;
+  two.replicas = 2;
+  absl::StatusOr<Plan> dp = DataParallelPlan(g, *mixed, two);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  ASSERT_EQ(dp->stages.size(), 1u);
+  EXPECT_EQ(dp->stages[0].workers, (std::vector<int>{1, 3}));
 }
 
 TEST(OptimizerTest, AStageCountPastTheWorkersOrTheCutsIsInvalid) {

@@ -96,21 +96,30 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
-  // A stage count asked for is the DP's: the best plan with exactly that
-  // many stages. The validator keeps it within spec.resources.workers; a
-  // re-plan after losing workers may have fewer, and then the job goes on
-  // with one stage per worker left rather than failing.
+  // A stage count and a replica count asked for are the DP's: the best
+  // plan with exactly that many. The validator keeps stages x replicas
+  // within spec.resources.workers; a re-plan after losing workers may have
+  // fewer, and then the job goes on with fewer replicas, then fewer stages,
+  // rather than failing.
   options.stages = std::max(0, spec.schedule().stages());
-  std::string fewer_stages_note;
-  if (options.stages > cluster->num_workers()) {
-    fewer_stages_note = absl::StrCat(
-        "spec.schedule.stages asks for ", options.stages, " stages; ",
-        cluster->num_workers(), " worker(s) are left, one stage each");
-    options.stages = cluster->num_workers();
+  options.replicas = std::max(0, spec.schedule().replicas());
+  std::string fewer_note;
+  const int n = cluster->num_workers();
+  if (std::max(1, options.stages) * std::max(1, options.replicas) > n) {
+    const int asked_stages = options.stages, asked_replicas = options.replicas;
+    if (options.replicas > 0) {
+      options.replicas = std::max(1, n / std::max(1, options.stages));
+    }
+    options.stages = std::min(options.stages, n);
+    fewer_note = absl::StrCat("spec.schedule asks for ", asked_stages,
+                              " stage(s) x ", asked_replicas, " replica(s) (0: any); ",
+                              n, " worker(s) are left: planned with ",
+                              options.stages, " x ", options.replicas);
   }
   absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, options);
   if (!plan.ok()) {
-    if (options.stages > 0 && absl::StartsWith(plan.status().message(), "stages: ")) {
+    if (absl::StartsWith(plan.status().message(), "stages: ") ||
+        absl::StartsWith(plan.status().message(), "replicas: ")) {
       return absl::Status(plan.status().code(),
                           absl::StrCat("spec.schedule.", plan.status().message()));
     }
@@ -225,7 +234,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       }
     }
   }
-  if (!fewer_stages_note.empty()) out.add_notes(fewer_stages_note);
+  if (!fewer_note.empty()) out.add_notes(fewer_note);
   if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
     out.add_notes("schedule auto: async 1F1B with weight stashing");
   }

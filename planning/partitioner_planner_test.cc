@@ -1,5 +1,8 @@
 #include "planning/partitioner_planner.h"
 
+#include <set>
+#include <string>
+
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -250,8 +253,63 @@ TEST(PartitionerPlannerTest, TheSpecsStageCountIsHonoured) {
   EXPECT_EQ(shrunk->stages_size(), 2);
   EXPECT_THAT(shrunk->notes(),
               ::testing::Contains(
-                  "spec.schedule.stages asks for 3 stages; 2 worker(s) are "
-                  "left, one stage each"));
+                  "spec.schedule asks for 3 stage(s) x 0 replica(s) (0: any); "
+                  "2 worker(s) are left: planned with 2 x 0"));
+}
+
+apapo::v1::ClusterSpec FourWorkers(double bandwidth) {
+  apapo::v1::ClusterSpec c;
+  for (const char* id : {"w1", "w2", "w3", "w4"}) {
+    auto* w = c.add_workers();
+    w->set_worker_id(id);
+    w->set_relative_speed(1.0);
+  }
+  auto* level = c.add_levels();
+  level->set_group_size(4);
+  level->set_bandwidth_bytes_per_second(bandwidth);
+  return c;
+}
+
+TEST(PartitionerPlannerTest, TheSpecsReplicaCountIsHonoured) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec = Spec();
+  spec.mutable_schedule()->clear_micro_batches();
+  spec.mutable_schedule()->set_stages(2);
+  spec.mutable_schedule()->set_replicas(2);
+  auto plan = planner.MakePlan(spec, ChainProfile(), FourWorkers(1e10));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2) << plan->DebugString();
+  std::set<std::string> placed;
+  for (const auto& stage : plan->stages()) {
+    EXPECT_EQ(stage.replicas(), 2);
+    ASSERT_EQ(stage.placement_size(), 2);
+    for (const auto& r : stage.placement()) placed.insert(r.worker_id());
+  }
+  EXPECT_EQ(placed.size(), 4u);
+  EXPECT_THAT(plan->notes(),
+              ::testing::Contains("2 replica(s) per stage as asked"));
+
+  // Data parallelism on 2 of the 4 workers, as asked (it took all 4).
+  apapo::v1::JobSpec dp = Spec();
+  dp.mutable_schedule()->set_stages(1);
+  dp.mutable_schedule()->set_replicas(2);
+  auto two = planner.MakePlan(dp, ChainProfile(), FourWorkers(1e10));
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->stages_size(), 1);
+  EXPECT_EQ(two->stages(0).placement_size(), 2);
+
+  // A re-plan left with 3 workers: fewer replicas first.
+  apapo::v1::ClusterSpec three = FourWorkers(1e10);
+  three.mutable_workers()->RemoveLast();
+  three.mutable_levels(0)->set_group_size(3);
+  auto shrunk = planner.MakePlan(spec, ChainProfile(), three);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->stages_size(), 2);
+  for (const auto& stage : shrunk->stages()) EXPECT_EQ(stage.replicas(), 1);
+  EXPECT_THAT(shrunk->notes(),
+              ::testing::Contains(
+                  "spec.schedule asks for 2 stage(s) x 2 replica(s) (0: any); "
+                  "3 worker(s) are left: planned with 2 x 1"));
 }
 
 TEST(PartitionerPlannerTest, BadProfileIsInvalidArgument) {
