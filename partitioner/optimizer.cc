@@ -775,6 +775,8 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
     ring[y] = 2.0 * (y - 1) / y;
   }
   std::vector<char> is_super(S);
+  std::vector<double*> best_row(NS);
+  std::vector<int*> bk_row(NS), by_row(NS), bs_row(NS);
   for (size_t r = 0; r < starts.size(); ++r) {
     const int i = starts[r];
     for (int k = 0; k < S; ++k) {
@@ -785,8 +787,22 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
     for (int j = 0; j < S; ++j) {
       if (j == i || !is_super[j]) continue;
       int64_t steps = 0;
+      // Row of cells (j, s, m = 0..M) per slot, hoisted out of the k loop.
+      for (int s = 0; s < NS; ++s) {
+        const size_t at = t.At(r, j, 0, s);
+        best_row[s] = &t.value[at];
+        bk_row[s] = &t.choice_k[at];
+        by_row[s] = &t.choice_y[at];
+        bs_row[s] = counted ? &t.choice_s[at] : nullptr;
+      }
       for (int k : sub[j]) {
         if (!is_super[k]) continue;
+        // One inner slot (the planner's count, or level 0): skip an
+        // infeasible segment before pricing it.
+        if (inner_lo == inner_hi && ctx.inner != nullptr &&
+            !(ctx.inner->Value(k, j, ctx.inner->M, inner_lo) < kInf)) {
+          continue;
+        }
         const bool first = k == i;
         const double params = st.params[j] - st.params[k];
         const double acts = st.acts[j] - st.acts[k];
@@ -872,10 +888,10 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
             // prefix of at least one stage when stages are counted.
             if (counted && (first ? before != 0 : before < 1)) continue;
             steps += M;
-            double* best = &t.value[t.At(r, j, 0, s)];
-            int* bk = &t.choice_k[t.At(r, j, 0, s)];
-            int* by = &t.choice_y[t.At(r, j, 0, s)];
-            int* bs = counted ? &t.choice_s[t.At(r, j, 0, s)] : nullptr;
+            double* best = best_row[s];
+            int* bk = bk_row[s];
+            int* by = by_row[s];
+            int* bs = bs_row[s];
             auto take = [&](int m, double cand, int y) {
               best[m] = cand;
               bk[m] = k;
