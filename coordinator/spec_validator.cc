@@ -7,10 +7,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
+#include "worker/model_graph.h"
 
 namespace apapo::coordinator {
 namespace {
@@ -94,23 +96,10 @@ void CheckUnitInterval(Problems& p, const std::string& path, double value,
   }
 }
 
-// Hyper-parameters each built-in model accepts (all positive integers except
-// "dropout", a probability).
-const std::map<std::string, std::set<std::string>>& BuiltinHyperParameters() {
-  static const auto* kParams =
-      new std::map<std::string, std::set<std::string>>{
-          {"mlp", {"input", "hidden", "layers", "classes", "dropout"}},
-          {"cnn", {"classes", "dropout"}},
-          {"resnet", {"blocks", "channels", "classes"}},
-          {"transformer_lm",
-           {"layers", "d_model", "heads", "context", "vocab", "dropout"}},
-      };
-  return *kParams;
-}
-
 void ValidateBuiltin(Problems& p, const std::string& path,
                      const apapo::v1::BuiltinModel& model) {
-  const auto& known = BuiltinHyperParameters();
+  // The table the worker's builders read from (worker/model_graph.h).
+  const auto& known = apapo::worker::BuiltinHyperParameters();
   auto it = known.find(model.name());
   if (it == known.end()) {
     p.Add(path + ".name", "unknown built-in model \"", model.name(),
@@ -127,7 +116,7 @@ void ValidateBuiltin(Problems& p, const std::string& path,
             "\"; expected one of ", absl::StrJoin(it->second, ", "));
       continue;
     }
-    if (key == "dropout") {
+    if (absl::StartsWith(key, "dropout")) {
       double v = value.has_f() ? value.f() : value.has_i() ? value.i() : -1;
       if (!(value.has_f() || value.has_i())) {
         p.Add(key_path, "must be a number");
@@ -445,8 +434,13 @@ void ValidateFaultTolerance(Problems& p, const JobSpec& spec) {
 }  // namespace
 
 const std::vector<std::string>& BuiltinModelNames() {
-  static const auto* kNames = new std::vector<std::string>{
-      "cnn", "mlp", "resnet", "transformer_lm"};
+  static const auto* kNames = [] {
+    auto* names = new std::vector<std::string>;
+    for (const auto& [name, keys] : apapo::worker::BuiltinHyperParameters()) {
+      names->push_back(name);  // sorted: the table is a std::map
+    }
+    return names;
+  }();
   return *kNames;
 }
 

@@ -1,7 +1,10 @@
 #include "coordinator/spec_validator.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,6 +36,33 @@ JobSpec Valid() { return Parse(kValidSpec); }
 
 TEST(SpecValidatorTest, AcceptsValidSpec) {
   EXPECT_TRUE(ValidateJobSpec(Valid()).ok()) << ValidateJobSpec(Valid());
+}
+
+// Every key a built-in model reads can be set (the table is the worker's):
+// the transformer's mlp_ratio and the cnn's widths were refused before.
+TEST(SpecValidatorTest, AcceptsEveryHyperParameterTheBuildersRead) {
+  for (const auto& [model, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"transformer_lm", "key: 'mlp_ratio' value { i: 2 }"},
+           {"cnn", "key: 'conv1' value { i: 16 }"},
+           {"cnn", "key: 'fc1' value { i: 64 }"},
+           {"cnn", "key: 'dropout1' value { f: 0.1 }"},
+           {"resnet", "key: 'width' value { i: 8 }"},
+       }) {
+    JobSpec spec = Valid();
+    spec.clear_model();
+    ASSERT_TRUE(google::protobuf::TextFormat::MergeFromString(
+        absl::StrCat("model { builtin { name: '", model,
+                     "' hyper_parameters { ", value, " } } }"),
+        &spec));
+    if (model == "transformer_lm") {
+      spec.mutable_data()->clear_fashion_mnist();
+      spec.mutable_data()->mutable_text()->set_path("/data/corpus.txt");
+      spec.mutable_data()->mutable_text()->set_context(64);
+    }
+    EXPECT_TRUE(ValidateJobSpec(spec).ok())
+        << model << " " << value << ": " << ValidateJobSpec(spec);
+  }
 }
 
 TEST(SpecValidatorTest, AcceptsGraphModelWithResidualEdge) {
@@ -105,6 +135,17 @@ INSTANTIATE_TEST_SUITE_P(
              "} } }",
              "spec.model.builtin.hyper_parameters[\"depth\"]: not a "
              "hyper-parameter of \"mlp\""},
+        Case{"HyperParameterTheModelDoesNotRead",
+             "model { builtin { name: 'transformer_lm' hyper_parameters { "
+             "key: 'context' value { i: 64 } } } }",
+             "spec.model.builtin.hyper_parameters[\"context\"]: not a "
+             "hyper-parameter of \"transformer_lm\"; expected one of "
+             "d_model, heads, layers, mlp_ratio"},
+        Case{"DropoutPastOne",
+             "model { builtin { name: 'cnn' hyper_parameters { key: "
+             "'dropout2' value { f: 1.5 } } } }",
+             "spec.model.builtin.hyper_parameters[\"dropout2\"]: must be in "
+             "[0, 1)"},
         Case{"NonPositiveHyperParameter",
              "model { builtin { hyper_parameters { key: 'hidden' value { i: 0 "
              "} } } }",

@@ -57,25 +57,46 @@ class GraphBuilder {
   ModelGraph graph_;
 };
 
-int64_t HyperInt(const apapo::v1::BuiltinModel& m, const std::string& key,
-                 int64_t def) {
-  auto it = m.hyper_parameters().find(key);
-  if (it == m.hyper_parameters().end()) return def;
-  if (it->second.value_case() == AttrValue::kF) {
-    return static_cast<int64_t>(it->second.f());
+// Reads a built-in model's hyper-parameters and notes every key read that
+// the model's entry in BuiltinHyperParameters() does not list (a spec could
+// never set it: the coordinator refuses unlisted keys).
+class HyperParameters {
+ public:
+  explicit HyperParameters(const apapo::v1::BuiltinModel& m) : m_(m) {
+    const auto& table = BuiltinHyperParameters();
+    auto it = table.find(m.name());
+    if (it != table.end()) listed_ = &it->second;
   }
-  return it->second.i();
-}
+  int64_t Int(const std::string& key, int64_t def) {
+    const AttrValue* v = Find(key);
+    if (v == nullptr) return def;
+    if (v->value_case() == AttrValue::kF) return static_cast<int64_t>(v->f());
+    return v->i();
+  }
+  double Float(const std::string& key, double def) {
+    const AttrValue* v = Find(key);
+    if (v == nullptr) return def;
+    if (v->value_case() == AttrValue::kI) return static_cast<double>(v->i());
+    return v->f();
+  }
+  absl::Status Check() const {
+    if (unlisted_.empty()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(
+        "built-in model '", m_.name(), "' reads hyper-parameter(s) ",
+        absl::StrJoin(unlisted_, ", "),
+        " that BuiltinHyperParameters() does not list"));
+  }
 
-double HyperFloat(const apapo::v1::BuiltinModel& m, const std::string& key,
-                  double def) {
-  auto it = m.hyper_parameters().find(key);
-  if (it == m.hyper_parameters().end()) return def;
-  if (it->second.value_case() == AttrValue::kI) {
-    return static_cast<double>(it->second.i());
+ private:
+  const AttrValue* Find(const std::string& key) {
+    if (listed_ == nullptr || !listed_->count(key)) unlisted_.insert(key);
+    auto it = m_.hyper_parameters().find(key);
+    return it == m_.hyper_parameters().end() ? nullptr : &it->second;
   }
-  return it->second.f();
-}
+  const apapo::v1::BuiltinModel& m_;
+  const std::set<std::string>* listed_ = nullptr;
+  std::set<std::string> unlisted_;
+};
 
 LayerNode* AddInput(GraphBuilder& b, const DataShape& data) {
   LayerNode* in = b.Add("input", apapo::v1::LAYER_KIND_INPUT, {});
@@ -125,16 +146,19 @@ absl::StatusOr<DataShape> DataShapeForJob(const apapo::v1::DataSpec& data) {
   }
 }
 
-absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
-                                        const DataShape& data) {
+namespace {
+
+absl::StatusOr<ModelGraph> BuildBuiltin(const apapo::v1::BuiltinModel& m,
+                                        const DataShape& data,
+                                        HyperParameters& hp) {
   using B = GraphBuilder;
   const std::string& name = m.name();
   if (name == "mlp") {
     GraphBuilder b("mlp");
     AddInput(b, data);
-    const int64_t hidden = HyperInt(m, "hidden", 2048);
-    const int64_t layers = HyperInt(m, "layers", 4);
-    const double dropout = HyperFloat(m, "dropout", 0.0);
+    const int64_t hidden = hp.Int("hidden", 2048);
+    const int64_t layers = hp.Int("layers", 4);
+    const double dropout = hp.Float("dropout", 0.0);
     std::string prev = "input";
     if (data.sample_shape.size() > 1) {
       b.Add("flatten", apapo::v1::LAYER_KIND_FLATTEN, {prev});
@@ -164,17 +188,17 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
     GraphBuilder b("cnn");
     AddInput(b, data);
     auto* c1 = b.Add("conv1", apapo::v1::LAYER_KIND_CONV2D, {"input"});
-    B::SetInt(c1, "out_channels", HyperInt(m, "conv1", 32));
+    B::SetInt(c1, "out_channels", hp.Int("conv1", 32));
     B::SetInt(c1, "kernel_size", 3);
     b.Add("relu1", apapo::v1::LAYER_KIND_RELU, {"conv1"});
     auto* c2 = b.Add("conv2", apapo::v1::LAYER_KIND_CONV2D, {"relu1"});
-    B::SetInt(c2, "out_channels", HyperInt(m, "conv2", 64));
+    B::SetInt(c2, "out_channels", hp.Int("conv2", 64));
     B::SetInt(c2, "kernel_size", 3);
     b.Add("relu2", apapo::v1::LAYER_KIND_RELU, {"conv2"});
     B::SetInt(b.Add("pool", apapo::v1::LAYER_KIND_MAX_POOL2D, {"relu2"}),
               "kernel_size", 2);
     std::string prev = "pool";
-    const double d1 = HyperFloat(m, "dropout1", 0.25);
+    const double d1 = hp.Float("dropout1", 0.25);
     if (d1 > 0) {
       B::SetFloat(b.Add("dropout1", apapo::v1::LAYER_KIND_DROPOUT, {prev}),
                   "p", d1);
@@ -182,10 +206,10 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
     }
     b.Add("flatten", apapo::v1::LAYER_KIND_FLATTEN, {prev});
     B::SetInt(b.Add("fc1", apapo::v1::LAYER_KIND_LINEAR, {"flatten"}),
-              "out_features", HyperInt(m, "fc1", 128));
+              "out_features", hp.Int("fc1", 128));
     b.Add("relu3", apapo::v1::LAYER_KIND_RELU, {"fc1"});
     prev = "relu3";
-    const double d2 = HyperFloat(m, "dropout2", 0.5);
+    const double d2 = hp.Float("dropout2", 0.5);
     if (d2 > 0) {
       B::SetFloat(b.Add("dropout2", apapo::v1::LAYER_KIND_DROPOUT, {prev}),
                   "p", d2);
@@ -199,8 +223,8 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
   if (name == "resnet") {
     GraphBuilder b("resnet");
     AddInput(b, data);
-    const int64_t width = HyperInt(m, "width", 16);
-    const int64_t blocks = HyperInt(m, "blocks", 2);
+    const int64_t width = hp.Int("width", 16);
+    const int64_t blocks = hp.Int("blocks", 2);
     auto conv = [&](const std::string& id, const std::string& in, int64_t out,
                     int64_t k, int64_t stride) {
       auto* c = b.Add(id, apapo::v1::LAYER_KIND_CONV2D, {in});
@@ -248,8 +272,8 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
     }
     GraphBuilder b("transformer_lm");
     AddInput(b, data);
-    const int64_t d = HyperInt(m, "d_model", 128);
-    const int64_t layers = HyperInt(m, "layers", 2);
+    const int64_t d = hp.Int("d_model", 128);
+    const int64_t layers = hp.Int("layers", 2);
     auto* e = b.Add("embed", apapo::v1::LAYER_KIND_EMBEDDING, {"input"});
     B::SetInt(e, "num_embeddings", data.num_classes);
     B::SetInt(e, "embedding_dim", d);
@@ -258,8 +282,8 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
     for (int64_t i = 0; i < layers; ++i) {
       const std::string id = absl::StrCat("block", i);
       auto* blk = b.Add(id, apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK, {prev});
-      B::SetInt(blk, "num_heads", HyperInt(m, "heads", 4));
-      B::SetInt(blk, "mlp_ratio", HyperInt(m, "mlp_ratio", 4));
+      B::SetInt(blk, "num_heads", hp.Int("heads", 4));
+      B::SetInt(blk, "mlp_ratio", hp.Int("mlp_ratio", 4));
       prev = id;
     }
     b.Add("ln_f", apapo::v1::LAYER_KIND_LAYER_NORM, {prev});
@@ -271,6 +295,28 @@ absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
   return absl::InvalidArgumentError(absl::StrCat(
       "spec.model.builtin.name: unknown built-in model '", name,
       "' (expected mlp, cnn, resnet or transformer_lm)"));
+}
+
+}  // namespace
+
+const std::map<std::string, std::set<std::string>>& BuiltinHyperParameters() {
+  // Integers >= 1, except the "dropout" ones: probabilities in [0, 1).
+  static const auto* kParams =
+      new std::map<std::string, std::set<std::string>>{
+          {"mlp", {"hidden", "layers", "dropout"}},
+          {"cnn", {"conv1", "conv2", "fc1", "dropout1", "dropout2"}},
+          {"resnet", {"width", "blocks"}},
+          {"transformer_lm", {"d_model", "layers", "heads", "mlp_ratio"}},
+      };
+  return *kParams;
+}
+
+absl::StatusOr<ModelGraph> BuiltinGraph(const apapo::v1::BuiltinModel& m,
+                                        const DataShape& data) {
+  HyperParameters hp(m);
+  absl::StatusOr<ModelGraph> graph = BuildBuiltin(m, data, hp);
+  if (absl::Status s = hp.Check(); !s.ok()) return s;
+  return graph;
 }
 
 absl::StatusOr<ModelGraph> GraphForJob(const apapo::v1::JobSpec& spec,

@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,14 +56,22 @@ absl::StatusOr<DataShape> DataShapeForJob(const apapo::v1::DataSpec& data);
 // A built-in network as a layer graph. Hyper-parameters (missing ones take
 // these defaults):
 //   mlp: hidden (2048), layers (4 hidden layers), dropout (0).
-//   cnn: the PyTorch MNIST example: conv 32 - conv 64 - maxpool - dropout
-//        (dropout1, 0.25) - fc 128 - dropout (dropout2, 0.5) - fc classes.
+//   cnn: the PyTorch MNIST example: conv 32 (conv1) - conv 64 (conv2) -
+//        maxpool - dropout (dropout1, 0.25) - fc 128 (fc1) - dropout
+//        (dropout2, 0.5) - fc classes.
 //   resnet: width (16), blocks (2 basic blocks per width, two widths, the
 //        second with a strided 1x1 projection shortcut).
 //   transformer_lm: layers (2), d_model (128), heads (4), mlp_ratio (4).
 //        Context and vocabulary come from the data shape.
+// A model that reads a key its BuiltinHyperParameters() entry does not list
+// fails with INTERNAL naming it (model_graph_test builds every model).
 absl::StatusOr<apapo::v1::ModelGraph> BuiltinGraph(
     const apapo::v1::BuiltinModel& model, const DataShape& data);
+
+// The hyper-parameters each built-in model reads, by model name: what the
+// coordinator lets spec.model.builtin.hyper_parameters set (integers >= 1;
+// keys starting with "dropout" are probabilities in [0, 1)).
+const std::map<std::string, std::set<std::string>>& BuiltinHyperParameters();
 
 // Builds the graph of a TorchScript model for data of shape `data`. Loading
 // TorchScript needs LibTorch, so callers that have it pass one in

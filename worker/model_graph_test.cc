@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -145,6 +146,33 @@ TEST(ModelGraphTest, ResnetAndTransformerAnalyse) {
   EXPECT_EQ(l->label_shape(), (Shape{32}));
   // The LM needs token data.
   EXPECT_FALSE(BuiltinGraph(Builtin("transformer_lm"), Mnist()).ok());
+}
+
+// Each key BuiltinHyperParameters() lists (what a spec may set) changes the
+// model it builds, and building every model reads no unlisted key (that
+// fails with INTERNAL naming it): the coordinator's validator and the
+// builders agree on the keys.
+TEST(ModelGraphTest, EveryListedHyperParameterIsRead) {
+  const DataShape tokens{{32}, DType::kInt64, 256};
+  ASSERT_EQ(BuiltinHyperParameters().size(), 4u);
+  for (const auto& [name, keys] : BuiltinHyperParameters()) {
+    const DataShape data = name == "transformer_lm" ? tokens : Mnist();
+    auto plain = BuiltinGraph(Builtin(name), data);
+    ASSERT_TRUE(plain.ok()) << name << ": " << plain.status();
+    for (const std::string& key : keys) {
+      apapo::v1::BuiltinModel m = Builtin(name);
+      apapo::v1::AttrValue& v = (*m.mutable_hyper_parameters())[key];
+      if (absl::StartsWith(key, "dropout")) {
+        v.set_f(0.125);
+      } else {
+        v.set_i(8);
+      }
+      auto changed = BuiltinGraph(m, data);
+      ASSERT_TRUE(changed.ok()) << name << "." << key << ": " << changed.status();
+      EXPECT_NE(changed->SerializeAsString(), plain->SerializeAsString())
+          << name << "." << key << " is listed but not read";
+    }
+  }
 }
 
 TEST(ModelGraphTest, UnknownBuiltinIsInvalidArgument) {
