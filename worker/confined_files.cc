@@ -39,6 +39,14 @@ const std::string* RootOf(const std::string& path) {
   return best;
 }
 
+// Whether `path` names a root itself.
+bool IsRoot(const std::string& path) {
+  for (const std::string& r : Roots()) {
+    if (path == r) return true;
+  }
+  return false;
+}
+
 absl::Status Outside(const std::string& path, const std::string& what) {
   return absl::PermissionDeniedError(
       absl::StrCat(what, " '", path, "' is outside the data roots (",
@@ -153,7 +161,14 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void ConfineToDataRoots(std::vector<std::string> roots) { Roots() = std::move(roots); }
+void ConfineToDataRoots(std::vector<std::string> roots) {
+  // "/var/lib/apapo/" and "/var/lib/apapo" name the same root (and the
+  // folder itself lies under it).
+  for (std::string& r : roots) {
+    while (r.size() > 1 && r.back() == '/') r.pop_back();
+  }
+  Roots() = std::move(roots);
+}
 
 const std::vector<std::string>& ConfinedDataRoots() { return Roots(); }
 
@@ -231,6 +246,23 @@ absl::StatusOr<UniqueFd> OpenDirectory(const std::string& dir, bool create) {
     }
     missing.push_back(existing.filename().string());
     existing = existing.parent_path();
+    // A root that does not exist yet (/var/lib/apapo on a machine where
+    // nothing was deployed) is made where the operator named it, with its
+    // missing parents: the only directories made outside a checked parent.
+    // Without it the default checkpoint root failed every job at its first
+    // checkpoint.
+    if (IsRoot(existing.string())) {
+      std::error_code ec;
+      if (!std::filesystem::exists(existing, ec)) {
+        std::filesystem::create_directories(existing, ec);
+        if (ec) {
+          return absl::InternalError(absl::StrCat(
+              "cannot create data root '", existing.string(), "': ", ec.message()));
+        }
+        std::filesystem::permissions(existing, std::filesystem::perms(0750),
+                                     std::filesystem::perm_options::replace, ec);
+      }
+    }
     auto parent = Open(existing.string(), what, flags);
     if (parent.ok()) {
       UniqueFd at = *std::move(parent);

@@ -134,6 +134,24 @@ TEST_F(ConfinedFilesTest, OnlyRegularFilesAreOpenedAndAFifoDoesNotHang) {
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// A root that does not exist yet (the default /var/lib/apapo where nothing
+// was deployed) is created with the checkpoint folder under it; a path
+// outside every root is still refused, and nothing is made there.
+TEST_F(ConfinedFilesTest, ACheckpointFolderCreatesAMissingRoot) {
+  const std::string fresh = base_ + "/var/lib/apapo";
+  ConfineToDataRoots({root_, fresh + "/"});
+  FileSystem* files = LocalFileSystem();
+  const std::string dir = fresh + "/checkpoints/job-1/step-100";
+  ASSERT_TRUE(files->CreateDir(dir).ok()) << files->CreateDir(dir);
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_EQ(fs::status(fresh).permissions() & fs::perms::all, fs::perms(0750));
+  ASSERT_TRUE(files->WriteAtomically(dir + "/stage-0.data", "weights").ok());
+  EXPECT_EQ(ReadPlain(dir + "/stage-0.data"), "weights");
+  EXPECT_EQ(files->CreateDir(base_ + "/var/other/ckpt").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(fs::exists(base_ + "/var/other"));
+}
+
 TEST_F(ConfinedFilesTest, BuiltInPathsAreOpenedAsGiven) {
   auto fd = OpenForReading(outside_ + "/secret", "data file", /*built_in=*/true);
   EXPECT_TRUE(fd.ok()) << fd.status();
