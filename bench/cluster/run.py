@@ -1,11 +1,15 @@
 #!/usr/bin/python3
-"""Bandwidth-bound benchmark (issue 12): the mlp and the cnn trained across
-two emulated hosts (deploy/cluster-lab.sh) whose link is shaped to each of
+"""Bandwidth-bound benchmark (issue 12): the mlp, the cnn and the
+transformer_lm trained across two emulated hosts (deploy/cluster-lab.sh) whose link is shaped to each of
 --links in turn, ours against one process and PyTorch DDP over the same
 link, with the planner's prediction beside every measured run.
 
   /usr/bin/python3 bench/cluster/run.py          # after `bazel build //...`, as root
   /usr/bin/python3 bench/cluster/run.py --links=unshaped,1gbit --models=mlp --rounds=1
+  /usr/bin/python3 bench/cluster/run.py --models=transformer_lm --links=unshaped,100mbit
+
+transformer_lm trains on a corpus built at start (bench/runtime/corpus.py)
+into the run's folder, which the daemons get as a data root.
 
 Layout: host 1 (198.18.0.1) runs the coordinator, worker w-1 on core 0 and
 DDP's rank 0; host 2 (198.18.0.2) runs w-2 on core 1 and rank 1. Nothing
@@ -208,6 +212,10 @@ def print_table(table, links, rows):
 
 def inner(a):
     models = a.models.split(",")
+    unknown = [m for m in models if m not in rt.SPECS]
+    if unknown:
+        sys.exit(f"--models: unknown {unknown} (known: {', '.join(rt.SPECS)})")
+    timed_steps = {"mlp": a.mlp_steps, "cnn": a.cnn_steps, "transformer_lm": a.lm_steps}
     links = a.links.split(",")
     rows = [r for r in ROWS if r in a.rows.split(",")]
     bad = [l for l in links if l != "unshaped" and not l.endswith("bit")]
@@ -236,20 +244,23 @@ def inner(a):
     workers = (("w-1", 0, HOST[0], ()), ("w-2", 1, HOST[1], on_host(2)))
     cluster = None
     try:
+        text = rt.prepare_text(models, workdir)
+        results["corpus"] = text
+        text_path = text["path"] if text else ""
         if any(r in OURS for r in rows):
             # --insecure: the lab's hosts are namespaces of this machine only.
             cluster = rt.Cluster(workdir, workers=workers, host=HOST[0],
-                                 extra_flags=("--insecure",))
+                                 extra_flags=("--insecure",), text_path=text_path)
             rt.log(f"coordinator on {HOST[0]}:{cluster.port}; w-1 on host 1 (core 0), "
                    f"w-2 on host 2 (core 1)")
         ranks = ((0, HOST[0], ()), (1, HOST[1], on_host(2)))
         for rnd in range(a.rounds):
             for model in models:
-                full = a.warmup + (a.mlp_steps if model == "mlp" else a.cnn_steps)
+                full = a.warmup + timed_steps[model]
                 this = {}
                 if "single" in rows:
                     this["single"] = rt.run_local(model, "single", full, 1, workdir,
-                                                  a.run_timeout_s)
+                                                  a.run_timeout_s, text_path)
                     rt.log(f"round {rnd + 1} {model} single: "
                            f"{this['single'].get('samples_per_s', 0):.0f} samples/s")
                 for l in (links if rnd % 2 == 0 else links[::-1]):
@@ -267,7 +278,8 @@ def inner(a):
                         else:
                             r = rt.run_peer(model, row, steps, 1, workdir, a.run_timeout_s,
                                             warm, ranks=ranks,
-                                            extra_env={"GLOO_SOCKET_IFNAME": "eth0"})
+                                            extra_env={"GLOO_SOCKET_IFNAME": "eth0"},
+                                            text_path=text_path)
                         r["steps_run"] = steps
                         this[l][row] = r
                         pred = r.get("predicted_samples_per_s")
@@ -278,7 +290,7 @@ def inner(a):
                                   + (f", link {measured_link(r):.0f} MB/s" if measured_link(r) else "")
                                   + (f"  [{r.get('plan')}]" if r.get("plan") else "")
                                   if "samples_per_s" in r else f"FAILED {r.get('error', '')[:300]}")
-                               + f"  ({time.time() - t:.0f}s)")
+                               + f"  ({time.time() - t:.0f}s)" + rt.loss_note(r))
                 results["rounds"][model].append(this)
                 save()
     finally:
@@ -308,6 +320,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--mlp_steps", type=int, default=100)
     ap.add_argument("--cnn_steps", type=int, default=30)
+    ap.add_argument("--lm_steps", type=int, default=60,
+                    help="timed steps per transformer_lm run (batch 32)")
     ap.add_argument("--dp_warmup", type=int, default=2,
                     help="warm-up steps of the data-parallel rows at <= 1 Gbit/s, "
                          "where one step takes seconds")

@@ -9,7 +9,9 @@ Pipe's CPU worker thread).
   python3 peer_pipe.py --model=mlp --max_steps=320 --summary=out.json
 Micro-batches (chunks) = 4, like APapo's specs; the split point is chosen
 to balance the multiply-adds (mlp: after fc2+ReLU, 5.8M | 8.4M;
-cnn: after conv2+ReLU, the best contiguous cut)."""
+cnn: after conv2+ReLU, the best contiguous cut; transformer_lm: after
+half the blocks, the embedding on one side and ln_f + head on the other;
+its settings come from --spec, as in peer_ddp.py)."""
 
 import argparse
 import os
@@ -23,11 +25,16 @@ pc.pin_threads()
 import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.distributed.pipeline.sync import Pipe  # noqa: E402
 
 # Index of the first layer of stage 2 in pc.layers(model).
 SPLIT = {"mlp": 5, "cnn": 4}
+
+
+def split_at(task):
+    if task.model == "transformer_lm":
+        return 1 + task.hp["layers"] // 2  # after the embedding and half the blocks
+    return SPLIT[task.model]
 
 
 def main():
@@ -38,6 +45,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--no_eval", action="store_true")
+    ap.add_argument("--spec", default="", help="JobSpec textproto (transformer_lm)")
     ap.add_argument("--summary", default="")
     a = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -46,18 +54,20 @@ def main():
     rpc.init_rpc("worker", rank=0, world_size=1,
                  rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
                      init_method=init, num_worker_threads=2))
+    task = pc.Task(a.model, a.spec)
     torch.manual_seed(1)
-    ls = pc.layers(a.model)
-    k = SPLIT[a.model]
+    ls = task.layers()
+    k = split_at(task)
     model = Pipe(nn.Sequential(nn.Sequential(*ls[:k]), nn.Sequential(*ls[k:])),
                  chunks=a.chunks, checkpoint="never")
-    x, y = pc.load("train")
-    total = pc.steps_for(len(x), a.epochs, a.max_steps)
-    opt, sched = pc.optimizer(a.model, model.parameters(), total)
-    per_epoch = len(x) // pc.BATCH
+    x, y = task.train_data()
+    total = task.steps(len(x), a.epochs, a.max_steps)
+    opt, sched = task.optimizer(model.parameters(), total)
+    per_epoch = len(x) // task.batch
     timer = pc.Timer(a.warmup)
     g = torch.Generator().manual_seed(1)
     step = 0
+    losses = []
     model.train()
     while step < total:
         order = torch.randperm(len(x), generator=g)
@@ -65,23 +75,26 @@ def main():
             if step >= total:
                 break
             timer.step_start()
-            idx = order[b * pc.BATCH:(b + 1) * pc.BATCH]
+            idx = order[b * task.batch:(b + 1) * task.batch]
             opt.zero_grad()
             out = model(x[idx]).local_value()
-            loss = F.cross_entropy(out, y[idx])
+            loss = pc.loss_fn(out, y[idx])
             loss.backward()
             opt.step()
             if sched:
                 sched.step()
             timer.step_end()
+            losses.append(loss.item())
             step += 1
-    res = timer.result(pc.BATCH)
-    res.update(peer="pipe", model=a.model, chunks=a.chunks, final_loss=float(loss))
+    res = timer.result(task.batch)
+    res.update(peer="pipe", model=a.model, chunks=a.chunks, final_loss=float(loss),
+               parameters=pc.parameter_count(model))
+    res.update(pc.loss_stats(losses))
     if not a.no_eval:
         model.eval()
-        tx, ty = pc.load("test")
+        tx, ty = task.test_data()
         res["final_test_accuracy"] = pc.evaluate(
-            lambda t: model(t).local_value(), tx, ty)
+            lambda t: model(t).local_value(), tx, ty, task.eval_batch)
     pc.write(a.summary, res)
     rpc.shutdown()
 

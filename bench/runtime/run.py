@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """APapo runtime benchmark (issue 4, "Benchmark"): samples/s and test accuracy
-of the `mlp` and `cnn` on Fashion-MNIST (batch 128), APapo vs PyTorch peers,
-on this 2-core machine. Run from the repository root after `bazel build //...`:
+of the `mlp` and `cnn` on Fashion-MNIST (batch 128) and of the byte-level
+`transformer_lm` (batch 32 x 64 tokens, on a corpus built from python3-torch's
+sources: corpus.py), APapo vs PyTorch peers, on this 2-core machine. Run from
+the repository root after `bazel build //...`:
 
   /usr/bin/python3 bench/runtime/run.py            # full run (~35-45 min)
   /usr/bin/python3 bench/runtime/run.py --quick    # smoke test (~3 min)
@@ -39,11 +41,21 @@ import grpc  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 from proto.apapo.v1 import job_pb2, plan_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 
+sys.path.insert(0, HERE)
+import corpus  # noqa: E402
+
 WORKER = os.path.join(BIN, "worker", "apapo-worker")
 COORDINATOR = os.path.join(BIN, "coordinator", "apapo-coordinator")
 PY = "/usr/bin/python3"
 SPECS = {"mlp": os.path.join(ROOT, "worker/testdata/mlp_fashion_mnist.textproto"),
-         "cnn": os.path.join(ROOT, "worker/testdata/cnn_fashion_mnist.textproto")}
+         "cnn": os.path.join(ROOT, "worker/testdata/cnn_fashion_mnist.textproto"),
+         "transformer_lm": os.path.join(ROOT, "worker/testdata/transformer_lm_text.textproto")}
+# Models whose spec reads spec.data.text: make_spec points it at the corpus
+# (prepare_text), which the daemons must be allowed to read (Cluster).
+TEXT_MODELS = ("transformer_lm",)
+# The daemons' default --data_roots (worker/main.cc, coordinator/main.cc).
+DEFAULT_DATA_ROOTS = ("/usr/share/datasets", "/var/lib/apapo")
+FASHION_TRAIN_SAMPLES = 60000
 ROWS = ["single", "auto", "auto_base", "async", "async_base", "async_nowp", "async_local",
         "1f1b_flush", "gpipe", "replicas2", "ddp", "pipe"]
 # Rows served by the build given as --baseline_bin (the code before a change),
@@ -78,8 +90,32 @@ def log(msg):
 
 
 # ---------------------------------------------------------------- specs
-def make_spec(model, row, max_steps, epochs, workdir):
+def prepare_text(models, workdir):
+    """Builds the corpus into workdir/data (a data root of the daemons) when a
+    model needs it; returns corpus.build's description or None."""
+    if not any(m in TEXT_MODELS for m in models):
+        return None
+    info = corpus.build(os.path.join(workdir, "data"))
+    log(f"corpus: {info['path']}, {info['bytes']} bytes from {info['files']} files of "
+        f"{info['package']}, sha256 {info['sha256'][:16]}")
+    return info
+
+
+def train_samples(model, text):
+    """Samples in one training epoch, to estimate run times."""
+    if model not in TEXT_MODELS:
+        return FASHION_TRAIN_SAMPLES
+    t = text_format.Parse(open(SPECS[model]).read(), job_pb2.JobSpec()).data.text
+    frac = t.test_fraction if t.HasField("test_fraction") else 0.1
+    return (int(text["bytes"] * (1 - frac)) - 1) // t.context
+
+
+def make_spec(model, row, max_steps, epochs, workdir, text_path=""):
     spec = text_format.Parse(open(SPECS[model]).read(), job_pb2.JobSpec())
+    if model in TEXT_MODELS:
+        if not text_path:
+            raise ValueError(f"{model} needs the corpus (prepare_text)")
+        spec.data.text.path = text_path
     spec.limits.epochs = epochs
     spec.limits.max_steps = max_steps
     spec.resources.workers = 2
@@ -186,8 +222,19 @@ def tail(path, n=5):
         return ""
 
 
-def run_local(model, row, max_steps, epochs, workdir, timeout):
-    spec, path = make_spec(model, row, max_steps, epochs, workdir)
+def losses_in_log(path):
+    """(step, loss) of an `apapo-worker --local` log's progress lines (loss:
+    the mean over the last 50 micro-batches)."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return []
+    return [[int(m.group(1)), float(m.group(2))]
+            for m in re.finditer(r"\[apapo\] epoch \d+ step (\d+)/\d+ loss ([0-9.eE+-]+)", text)]
+
+
+def run_local(model, row, max_steps, epochs, workdir, timeout, text_path=""):
+    spec, path = make_spec(model, row, max_steps, epochs, workdir, text_path)
     tag = f"{model}-{row}-{max_steps}-{time.time():.0f}"
     summary = os.path.join(workdir, tag + ".json")
     n = spec.resources.workers
@@ -199,6 +246,9 @@ def run_local(model, row, max_steps, epochs, workdir, timeout):
     s = json.load(open(summary))
     return {"samples_per_s": s["samples_per_s"],
             "final_test_accuracy": s.get("final_test_accuracy"),
+            # The mean training loss over the (last) epoch's steps.
+            "final_loss": s.get("final_loss"),
+            "loss_trace": losses_in_log(os.path.join(workdir, tag + ".log")),
             "steps": s.get("steps"), "plan": s.get("plan"),
             "max_staleness": s.get("max_staleness"),
             "comm_hidden_share": s.get("comm_hidden_share"),
@@ -206,13 +256,19 @@ def run_local(model, row, max_steps, epochs, workdir, timeout):
 
 
 def run_peer(model, row, max_steps, epochs, workdir, timeout, warmup,
-             ranks=((0, "127.0.0.1", ()), (1, "127.0.0.1", ())), extra_env=None):
+             ranks=((0, "127.0.0.1", ()), (1, "127.0.0.1", ())), extra_env=None,
+             text_path=""):
     """PyTorch DDP over Gloo (`ranks`: core, address, argv prefix that runs
-    on its host, rank 0's address the rendezvous) or Pipe (one process)."""
+    on its host, rank 0's address the rendezvous) or Pipe (one process).
+    A text model's peer reads the spec ours trains (hyper-parameters, data,
+    batch, optimizer)."""
     tag = f"{model}-{row}-{max_steps}-{time.time():.0f}"
     summary = os.path.join(workdir, tag + ".json")
     common = [f"--model={model}", f"--epochs={epochs}", f"--max_steps={max_steps}",
               f"--warmup={warmup}", f"--summary={summary}"]
+    if model in TEXT_MODELS:
+        _, spec_path = make_spec(model, row, max_steps, epochs, workdir, text_path)
+        common.append(f"--spec={spec_path}")
     t = time.time()
     if row == "pipe":
         rc = run_cmd(["taskset", "-c", "0,1", PY, os.path.join(HERE, "peer_pipe.py")]
@@ -258,8 +314,16 @@ class Cluster:
     (`workers`, the coordinator on `host`, which must be this process's)."""
 
     def __init__(self, workdir, bin_dir=BIN, name="cluster", workers=LOOPBACK_WORKERS,
-                 host="127.0.0.1", extra_flags=()):
+                 host="127.0.0.1", extra_flags=(), text_path=""):
         self.procs = []
+        self.text_path = text_path
+        # The run's folder (the corpus, each cluster's checkpoints) joins the
+        # default data roots of the coordinator (checked at submit) and of
+        # the workers (on their disk). Checkpoints go there too: the default
+        # --checkpoint_root, /var/lib/apapo/checkpoints, exists only where
+        # deploy/ installed the daemons; elsewhere a job fails when it
+        # writes its first checkpoint (its parent is outside the roots).
+        roots = [f"--data_roots={','.join(DEFAULT_DATA_ROOTS + (workdir,))}"]
         self.workdir = os.path.join(workdir, name)
         os.makedirs(self.workdir, exist_ok=True)
         workdir = self.workdir
@@ -267,7 +331,9 @@ class Cluster:
         self.procs.append(self._start(
             [os.path.join(bin_dir, "coordinator", "apapo-coordinator"),
              f"--host={host}", "--port=0", "--metrics_port=0",
-             f"--state={os.path.join(workdir, 'coordinator.db')}", *extra_flags], clog))
+             f"--state={os.path.join(workdir, 'coordinator.db')}", *roots,
+             f"--checkpoint_root={os.path.join(workdir, 'checkpoints')}", *extra_flags],
+            clog))
         self.port = int(self._wait(clog, r"listening on port (\d+)"))
         for worker_id, core, address, prefix in workers:
             wlog = os.path.join(workdir, f"{worker_id}.log")
@@ -275,7 +341,7 @@ class Cluster:
                 [*prefix, "taskset", "-c", str(core),
                  os.path.join(bin_dir, "worker", "apapo-worker"),
                  f"--coordinator={host}:{self.port}", f"--host={address}",
-                 f"--id={worker_id}", "--threads=1"], wlog))
+                 f"--id={worker_id}", "--threads=1", *roots], wlog))
             self._wait(wlog, r"registered as (\S+)")
         self.channel = grpc.insecure_channel(f"{host}:{self.port}")
         self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
@@ -295,7 +361,7 @@ class Cluster:
         raise RuntimeError(f"timed out waiting for {pattern!r} in {path}: {tail(path)}")
 
     def run(self, model, row, max_steps, epochs, timeout):
-        spec, _ = make_spec(model, row, max_steps, epochs, self.workdir)
+        spec, _ = make_spec(model, row, max_steps, epochs, self.workdir, self.text_path)
         t = time.time()
         job_id = self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec),
                                      timeout=30).job.id
@@ -316,6 +382,8 @@ class Cluster:
                "final_test_accuracy": (job.progress.test_accuracy
                                        if job.progress.HasField("test_accuracy") else None),
                "steps": job.progress.step, "max_staleness": job.progress.max_staleness,
+               # At the end: the mean training loss over the last epoch's steps.
+               "final_loss": job.progress.loss,
                "wall_s": time.time() - t,
                "stages": [{"stage": s.stage, "worker": s.worker_id,
                            "busy_s": s.busy_seconds, "idle_s": s.idle_seconds,
@@ -333,6 +401,8 @@ class Cluster:
                                      for s in p.stages if s.in_flight_depth))
             res["plan_notes"] = list(p.notes)
             res["profile_source"] = plan.profile.source
+            # float32 parameters, as the profile counts them
+            res["parameters"] = sum(n.parameter_bytes for n in plan.profile.nodes) // 4
             res["plan_alternatives"] = dict(p.prediction.alternatives_samples_per_second)
             res["predicted_samples_per_s"] = p.prediction.samples_per_second
             res["plan_kind"] = plan_pb2.ScheduleKind.Name(p.schedule)
@@ -444,6 +514,24 @@ def print_table(table):
     return text
 
 
+def loss_note(r):
+    """The run's losses and parameter count, where it reported them: first
+    and last of the progress trace (ours: the mean of the last 50
+    micro-batches at each print; peers: every 10th step), and the mean over
+    the run's steps (what ours reports as final_loss)."""
+    parts = []
+    trace = r.get("loss_trace") or []
+    if trace:
+        parts.append(f"loss {trace[0][1]:.3f} (step {trace[0][0]}) -> "
+                     f"{trace[-1][1]:.3f} (step {trace[-1][0]})")
+    mean = r.get("mean_loss", r.get("final_loss"))
+    if mean:
+        parts.append(f"mean loss {mean:.3f}")
+    if r.get("parameters"):
+        parts.append(f"{r['parameters']} parameters")
+    return ("  [" + ", ".join(parts) + "]") if parts else ""
+
+
 def _terminate(signum, frame):
     raise SystemExit(f"stopped by signal {signum}")  # runs the cleanup below
 
@@ -459,6 +547,8 @@ def main():
     ap.add_argument("--mlp_steps", type=int, default=200,
                     help="timed steps per mlp throughput run (after --warmup)")
     ap.add_argument("--cnn_steps", type=int, default=60)
+    ap.add_argument("--lm_steps", type=int, default=100,
+                    help="timed steps per transformer_lm throughput run (batch 32)")
     ap.add_argument("--epochs", type=int, default=3, help="epochs of accuracy runs")
     ap.add_argument("--accuracy", default="mlp:single,mlp:async,cnn:auto",
                     help="model:row accuracy runs, in order, while the budget lasts")
@@ -473,8 +563,13 @@ def main():
                          "worktree of the old commit): rows <row>_base run there")
     a = ap.parse_args()
     if a.quick:
-        a.rounds, a.warmup, a.mlp_steps, a.cnn_steps, a.accuracy = 1, 2, 8, 4, ""
+        a.rounds, a.warmup, a.mlp_steps, a.cnn_steps, a.lm_steps, a.accuracy = (
+            1, 2, 8, 4, 8, "")
     models = a.models.split(",")
+    unknown = [m for m in models if m not in SPECS]
+    if unknown:
+        sys.exit(f"--models: unknown {unknown} (known: {', '.join(SPECS)})")
+    timed_steps = {"mlp": a.mlp_steps, "cnn": a.cnn_steps, "transformer_lm": a.lm_steps}
     rows = [r for r in ROWS if r in a.rows.split(",")]
     base_rows = [r for r in rows if r.endswith(BASE_SUFFIX)]
     if base_rows and not a.baseline_bin:
@@ -501,12 +596,15 @@ def main():
     cluster = None
     baseline = None
     try:
+        text = prepare_text(models, workdir)
+        results["corpus"] = text
+        text_path = text["path"] if text else ""
         if any((r in rows or f":{r}" in a.accuracy) and not r.endswith(BASE_SUFFIX)
                for r in CLUSTER_ROWS):
-            cluster = Cluster(workdir)
+            cluster = Cluster(workdir, text_path=text_path)
             log(f"coordinator on port {cluster.port}, workers w-1 (core 0), w-2 (core 1)")
         if base_rows:
-            baseline = Cluster(workdir, a.baseline_bin, "baseline")
+            baseline = Cluster(workdir, a.baseline_bin, "baseline", text_path=text_path)
             log(f"baseline ({a.baseline_bin}): coordinator on port {baseline.port}")
 
         def one(model, row, max_steps, epochs, timeout):
@@ -515,13 +613,14 @@ def main():
             if row in CLUSTER_ROWS:
                 return cluster.run(model, row, max_steps, epochs, timeout)
             if row in ("ddp", "pipe"):
-                return run_peer(model, row, max_steps, epochs, workdir, timeout, a.warmup)
-            return run_local(model, row, max_steps, epochs, workdir, timeout)
+                return run_peer(model, row, max_steps, epochs, workdir, timeout, a.warmup,
+                                text_path=text_path)
+            return run_local(model, row, max_steps, epochs, workdir, timeout, text_path)
 
         # Throughput: interleaved rounds; within a round, models alternate too.
         for rnd in range(a.rounds):
             for model in models:
-                steps = a.warmup + (a.mlp_steps if model == "mlp" else a.cnn_steps)
+                steps = a.warmup + timed_steps[model]
                 this = {}
                 order = rows if rnd % 2 == 0 else rows[::-1]
                 for row in order:
@@ -532,7 +631,7 @@ def main():
                     log(f"round {rnd + 1} {model:3} {row:10} "
                         + (f"{r['samples_per_s']:8.1f} samples/s" if "samples_per_s" in r
                            else f"FAILED {r.get('error', '')[:300]}")
-                        + f"  ({time.time() - t:.0f}s)")
+                        + f"  ({time.time() - t:.0f}s)" + loss_note(r))
                 results["throughput"][model].append(this)
                 save()
         # Accuracy: full runs, one per row, while the budget lasts.
@@ -543,7 +642,8 @@ def main():
             # Estimate from this run's throughput of the row.
             sps = [r[row]["samples_per_s"] for r in results["throughput"][model]
                    if "samples_per_s" in r.get(row, {})]
-            est = (60000 * a.epochs / statistics.median(sps) + 60) if sps else 600
+            est = ((train_samples(model, text) * a.epochs / statistics.median(sps) + 60)
+                   if sps else 600)
             left = a.budget_s - (time.time() - T0)
             if est > left:
                 log(f"skipping accuracy {model}/{row}: needs ~{est:.0f}s, {left:.0f}s left")
