@@ -251,23 +251,29 @@ struct Brute {
   }
 };
 
+// A small random DAG whose costs are comparable, so that cuts, transfers
+// and replication all matter.
+Graph ComparableCostDag(int n, uint64_t seed, std::mt19937& rng) {
+  const Graph g = SyntheticDag(n, seed, 3, 4);
+  Graph h;
+  std::uniform_real_distribution<double> u(0.1, 1.0);
+  for (int v = 0; v < g.num_nodes(); ++v) {
+    Node node = g.node(v);
+    node.forward_seconds = u(rng) * 0.01;
+    node.backward_seconds = u(rng) * 0.01;
+    node.activation_bytes = u(rng) * 4e6;
+    node.parameter_bytes = u(rng) * 4e6;
+    h.AddNode(node);
+  }
+  for (const Edge& e : g.edges()) (void)h.AddEdge(e.from, e.to);
+  return h;
+}
+
 TEST(OptimizerTest, MatchesBruteForceOnSmallRandomDags) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
     const int n = 3 + trial % 5;
-    Graph g = SyntheticDag(n, trial, 3, 4);
-    // Make costs comparable so cuts, transfers and replication all matter.
-    Graph h;
-    std::uniform_real_distribution<double> u(0.1, 1.0);
-    for (int v = 0; v < g.num_nodes(); ++v) {
-      Node node = g.node(v);
-      node.forward_seconds = u(rng) * 0.01;
-      node.backward_seconds = u(rng) * 0.01;
-      node.activation_bytes = u(rng) * 4e6;
-      node.parameter_bytes = u(rng) * 4e6;
-      h.AddNode(node);
-    }
-    for (const Edge& e : g.edges()) ASSERT_TRUE(h.AddEdge(e.from, e.to).ok());
+    const Graph h = ComparableCostDag(n, trial, rng);
     ASSERT_TRUE(h.Validate().ok());
     for (int machines : {1, 2, 3, 4}) {
       Brute brute(h, machines);
@@ -290,18 +296,7 @@ TEST(OptimizerTest, AStageCountAskedForIsTheBestWithExactlyThatMany) {
   int impossible = 0, pipelines = 0;
   for (int trial = 0; trial < 30; ++trial) {
     const int n = 3 + trial % 5;
-    Graph g = SyntheticDag(n, 100 + trial, 3, 4);
-    Graph h;
-    std::uniform_real_distribution<double> u(0.1, 1.0);
-    for (int v = 0; v < g.num_nodes(); ++v) {
-      Node node = g.node(v);
-      node.forward_seconds = u(rng) * 0.01;
-      node.backward_seconds = u(rng) * 0.01;
-      node.activation_bytes = u(rng) * 4e6;
-      node.parameter_bytes = u(rng) * 4e6;
-      h.AddNode(node);
-    }
-    for (const Edge& e : g.edges()) ASSERT_TRUE(h.AddEdge(e.from, e.to).ok());
+    const Graph h = ComparableCostDag(n, 100 + trial, rng);
     ASSERT_TRUE(h.Validate().ok());
     for (int machines : {2, 3, 4}) {
       Brute brute(h, machines);

@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -38,17 +39,23 @@ apapo::v1::ModelProfile Chain(const std::string& model, double first_backward,
 // pipeline.
 apapo::v1::ModelProfile ChainProfile() { return Chain("chain", 0.02, 0); }
 
-apapo::v1::ClusterSpec TwoWorkers(double bandwidth) {
+// One level of the named workers at `bandwidth`.
+apapo::v1::ClusterSpec Workers(const std::vector<std::string>& ids,
+                               double bandwidth) {
   apapo::v1::ClusterSpec c;
-  for (const char* id : {"alpha", "beta"}) {
+  for (const std::string& id : ids) {
     auto* w = c.add_workers();
     w->set_worker_id(id);
     w->set_relative_speed(1.0);
   }
   auto* level = c.add_levels();
-  level->set_group_size(2);
+  level->set_group_size(static_cast<int>(ids.size()));
   level->set_bandwidth_bytes_per_second(bandwidth);
   return c;
+}
+
+apapo::v1::ClusterSpec TwoWorkers(double bandwidth) {
+  return Workers({"alpha", "beta"}, bandwidth);
 }
 
 apapo::v1::JobSpec Spec() {
@@ -235,11 +242,8 @@ TEST(PartitionerPlannerTest, TheSpecsStageCountIsHonoured) {
 
   // More stages than the model has cuts: the field and the reason.
   spec.mutable_schedule()->set_stages(3);
-  apapo::v1::ClusterSpec three_workers = TwoWorkers(1e9);
-  auto* w = three_workers.add_workers();
-  w->set_worker_id("gamma");
-  w->set_relative_speed(1.0);
-  three_workers.mutable_levels(0)->set_group_size(3);
+  apapo::v1::ClusterSpec three_workers =
+      Workers({"alpha", "beta", "gamma"}, 1e9);
   auto three = planner.MakePlan(spec, WideCutProfile(), three_workers);
   EXPECT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(three.status().message()),
@@ -258,16 +262,7 @@ TEST(PartitionerPlannerTest, TheSpecsStageCountIsHonoured) {
 }
 
 apapo::v1::ClusterSpec FourWorkers(double bandwidth) {
-  apapo::v1::ClusterSpec c;
-  for (const char* id : {"w1", "w2", "w3", "w4"}) {
-    auto* w = c.add_workers();
-    w->set_worker_id(id);
-    w->set_relative_speed(1.0);
-  }
-  auto* level = c.add_levels();
-  level->set_group_size(4);
-  level->set_bandwidth_bytes_per_second(bandwidth);
-  return c;
+  return Workers({"w1", "w2", "w3", "w4"}, bandwidth);
 }
 
 TEST(PartitionerPlannerTest, TheSpecsReplicaCountIsHonoured) {
@@ -299,9 +294,7 @@ TEST(PartitionerPlannerTest, TheSpecsReplicaCountIsHonoured) {
   EXPECT_EQ(two->stages(0).placement_size(), 2);
 
   // A re-plan left with 3 workers: fewer replicas first.
-  apapo::v1::ClusterSpec three = FourWorkers(1e10);
-  three.mutable_workers()->RemoveLast();
-  three.mutable_levels(0)->set_group_size(3);
+  apapo::v1::ClusterSpec three = Workers({"w1", "w2", "w3"}, 1e10);
   auto shrunk = planner.MakePlan(spec, ChainProfile(), three);
   ASSERT_TRUE(shrunk.ok()) << shrunk.status();
   EXPECT_EQ(shrunk->stages_size(), 2);
