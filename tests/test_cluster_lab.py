@@ -157,11 +157,15 @@ class ClusterLabTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
     def test_on_a_slow_link_the_first_stage_keeps_more_in_flight(self):
-        # 100 Mbit/s between the hosts. The README's mlp cut in two sends
-        # 1 MB of activations each way per mini-batch: 80 ms there and 80
-        # back against a ~250-350 ms stage time. At PipeDream's depth (2 in
-        # flight on stage 0) the stage would wait for that round trip, so
-        # the plan keeps 3 in flight (its gradients 2 updates stale).
+        # 100 Mbit/s between the hosts. The mlp 4096 wide cut in two sends
+        # 2 MB of activations each way per mini-batch: ~160 ms there and
+        # ~160 back, against ~250 ms of compute per stage on this machine on
+        # a fast day (the 2048-wide mlp is then not worth cutting at this
+        # rate: its whole step takes less than the round trip). Whatever
+        # the machine's speed the stage time is at least that round trip,
+        # so at PipeDream's depth (2 in flight on stage 0) the stage would
+        # wait for it: the plan keeps 3 in flight (gradients 2 updates
+        # stale).
         self.lab("down")
         self.lab("up", "--hosts=2", "--racks=2", "--rack-rate=10gbit",
                  "--cross-rate=100mbit")
@@ -172,7 +176,12 @@ class ClusterLabTest(unittest.TestCase):
         self.assertIn("limits { epochs: 3 }", spec_text)
         spec = os.path.join(t.temp_dir("lab-"), "mlp.textproto")
         with open(spec, "w") as f:
-            f.write(spec_text.replace("limits { epochs: 3 }", "limits { max_steps: 60 }"))
+            # The planner's own choice of stages (the spec forces 2).
+            f.write(spec_text.replace("limits { epochs: 3 }", "limits { max_steps: 60 }")
+                    .replace("kind: SCHEDULE_KIND_ASYNC stages: 2", "kind: SCHEDULE_KIND_ASYNC")
+                    .replace('model { builtin { name: "mlp" } }',
+                             'model { builtin { name: "mlp" hyper_parameters '
+                             '{ key: "hidden" value { i: 4096 } } } }'))
         r = subprocess.run(self.on(1, ctl + ["submit", spec, "--watch"]),
                            capture_output=True, text=True, timeout=900)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
