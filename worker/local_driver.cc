@@ -188,9 +188,8 @@ apapo::v1::LocalRunSummary Summarize(
     st->set_bytes_received(m.bytes_received());
     st->set_max_staleness(m.max_staleness());
     st->set_max_weight_versions(m.max_weight_versions());
-    st->set_train_s(r.samples_per_second() > 0
-                        ? static_cast<double>(r.samples()) / r.samples_per_second()
-                        : 0);
+    st->set_train_s(m.busy_seconds() + m.idle_seconds() +
+                    m.comm_exposed_seconds());
   }
   double samples_per_s = stage_samples_per_s.empty() ? 0 : 1e300;
   for (const auto& [stage, sps] : stage_samples_per_s) {

@@ -23,10 +23,13 @@
 namespace apapo::worker {
 
 struct TraceOptions {
-  // Steps of warm-up before the window (after the step a run resumed from).
-  int64_t warmup_steps = 2;
+  // Steps of warm-up before the window (after the step a run resumed from):
+  // the steps a run's throughput leaves out (kRateWarmupSteps), so the
+  // window shows the steady state the planner's simulator predicts. On the
+  // benchmark's mlp the first five steps took 3-9x a steady one.
+  int64_t warmup_steps = 10;
   // Steps the window covers; 0 turns recording off.
-  int64_t steps = 3;
+  int64_t steps = 5;
   // Spans kept at most (each ~40 bytes; the default's trace is ~160 KB,
   // far below gRPC's 4 MiB message limit).
   int64_t max_spans = 4096;

@@ -391,6 +391,11 @@ struct StageExecutor::Impl {
     for (auto& g : grad_acc) g = at::Tensor();
     ++global_step;
     ++report.steps;
+    if (report.steps == kRateWarmupSteps) {
+      report.warm_train_seconds =
+          report.train_seconds +
+          absl::ToDoubleSeconds(absl::Now() - phase_start);
+    }
     report.max_weight_versions =
         std::max(report.max_weight_versions, weights->size());
     report.busy_seconds += Lap(t);
@@ -593,9 +598,8 @@ struct StageExecutor::Impl {
       p.epoch = epoch + 1;
       p.loss = report.final_loss;
       p.test_accuracy = *acc;
-      const double secs = report.train_seconds;
-      p.samples_per_second =
-          secs > 0 ? report.steps * config.data.batch_size / secs : 0;
+      p.samples_per_second = SteadySamplesPerSecond(
+          report, static_cast<double>(report.steps * config.data.batch_size));
       config.observer->OnProgress(p);
     }
     return absl::OkStatus();

@@ -202,6 +202,28 @@ INSTANTIATE_TEST_SUITE_P(
 // exist; it must differentiate the version its forward used. The gradients
 // it produced are recomputed here from the recorded inputs, received
 // gradients and weights: they match the stashed version and not the newest.
+// The throughput a replica reports leaves out its run's first
+// kRateWarmupSteps steps: every replica marks when they ended, inside its
+// training time, and only a run that reaches them does.
+TEST(ThroughputTest, EveryReplicaMarksTheEndOfItsWarmUp) {
+  Fixture f = MakeFixture();
+  const schedule::ScheduleOptions sched = AsyncTwoStages(1);
+  PipelineResult got = RunPipeline(f, sched, Sgd(), 2 * kRateWarmupSteps + 4);
+  for (const auto& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.reports.size(), 2u);
+  for (const StageReport& r : got.reports) {
+    EXPECT_GT(r.warm_train_seconds, 0);
+    EXPECT_LT(r.warm_train_seconds, r.train_seconds);
+    EXPECT_GT(SteadySamplesPerSecond(r, static_cast<double>(r.samples)), 0);
+  }
+  PipelineResult short_run = RunPipeline(f, sched, Sgd(), kRateWarmupSteps - 1);
+  for (const StageReport& r : short_run.reports) {
+    EXPECT_LT(r.warm_train_seconds, 0);
+    EXPECT_DOUBLE_EQ(SteadySamplesPerSecond(r, static_cast<double>(r.samples)),
+                     r.samples / r.train_seconds);
+  }
+}
+
 TEST(WeightStashingTest, BackwardUsesItsForwardsWeightVersion) {
   Fixture f = MakeFixture();
   const schedule::ScheduleOptions sched = AsyncTwoStages(1);

@@ -25,6 +25,16 @@ TrainingProgress ProgressTracker::Progress(int64_t step, int64_t total_steps,
   return p;
 }
 
+double SteadySamplesPerSecond(const StageReport& r, double samples) {
+  if (r.steps > 2 * kRateWarmupSteps && r.warm_train_seconds >= 0 &&
+      r.train_seconds > r.warm_train_seconds) {
+    const double per_step = samples / static_cast<double>(r.steps);
+    return per_step * static_cast<double>(r.steps - kRateWarmupSteps) /
+           (r.train_seconds - r.warm_train_seconds);
+  }
+  return r.train_seconds > 0 ? samples / r.train_seconds : 0;
+}
+
 void FillStageMetrics(const StageReport& r, int stage, int rank,
                       apapo::v1::StageMetrics* sm) {
   sm->set_stage(stage);

@@ -40,6 +40,9 @@ struct StageReport {
   // resumed one, or one this replica wrote since (replica 0 writes).
   int64_t checkpoint_step = 0;
   double train_seconds = 0;  // wall time of the training phases
+  // train_seconds when this run's kRateWarmupSteps-th step finished; < 0
+  // before (see SteadySamplesPerSecond).
+  double warm_train_seconds = -1;
   // Executor time spent on checkpoints: snapshots, and waiting for the
   // previous (background) write; the write itself is not counted.
   double checkpoint_seconds = 0;
@@ -51,6 +54,21 @@ struct StageReport {
   double test_accuracy = -1;
   int64_t num_params = 0;
 };
+
+// Steps at the start of every run (fresh or resumed) that its throughput
+// leaves out: the first optimizer steps allocate their buffers, the
+// allocator and caches warm up and the pipeline fills, which on the
+// benchmark's mlp made its first five steps take 3-9x a steady one.
+inline constexpr int64_t kRateWarmupSteps = 10;
+
+// A replica's training throughput over its run: `samples` (what it
+// processed in report.steps steps) per second of training phases, counted
+// from the end of the run's kRateWarmupSteps-th step at the run's mean
+// samples per step. A run of at most 2 x kRateWarmupSteps steps is counted
+// whole. Evaluations are not training phases; checkpoints taken between
+// phases cost the phases after them (the background write shares the
+// cores), so they count. 0 before any training time.
+double SteadySamplesPerSecond(const StageReport& report, double samples);
 
 // Progress of the whole pipeline, as the last stage sees it.
 struct TrainingProgress {

@@ -82,8 +82,8 @@ class ProgressReporter : public StageObserver {
     m.set_resumed_step(r.resumed_step);
     m.set_checkpoint_step(r.checkpoint_step);
     m.set_samples(r.samples);
-    m.set_samples_per_second(r.train_seconds > 0 ? r.samples / r.train_seconds
-                                                 : 0);
+    m.set_samples_per_second(
+        SteadySamplesPerSecond(r, static_cast<double>(r.samples)));
     FillStageMetrics(r, stage_, rank_, m.mutable_stage());
     TakeStepSeconds(m.mutable_stage());
     last_time_ = now;
@@ -310,7 +310,7 @@ absl::Status RunStageOrThrow(const AssignStage& a, const std::string& label,
   // (Progress reports come from replica 0 alone and carry the pipeline's.)
   m.set_samples(r.samples);
   m.set_samples_per_second(
-      r.train_seconds > 0 ? r.samples / r.train_seconds : 0);
+      SteadySamplesPerSecond(r, static_cast<double>(r.samples)));
   if (a.stage() == plan.schedule.num_stages - 1) {
     m.set_has_loss(true);
     m.set_loss(r.final_loss);
