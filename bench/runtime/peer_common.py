@@ -289,9 +289,11 @@ def evaluate(forward, x, y, batch=EVAL_BATCH):
 
 
 class Timer:
-    """samples/s over all training steps (as APapo's summary counts them:
-    training time only, evaluation excluded) and over the steps after the
-    warm-up."""
+    """samples/s over the training steps after the first `warmup` (as
+    APapo's final figure counts them: worker/stage_observer.h,
+    SteadySamplesPerSecond, leaves out a run's first 10 steps), and over all
+    steps ("samples_per_s_whole"). Training time only, evaluation excluded.
+    A run of no more than `warmup` steps is counted whole."""
 
     def __init__(self, warmup):
         self.warmup = warmup
@@ -310,11 +312,11 @@ class Timer:
 
     def result(self, samples_per_step):
         end = time.perf_counter()
-        out = {"steps": self.steps,
-               "samples_per_s": self.steps * samples_per_step / (end - self.t0),
-               "train_s": end - self.t0}
+        whole = self.steps * samples_per_step / (end - self.t0)
+        out = {"steps": self.steps, "samples_per_s": whole,
+               "samples_per_s_whole": whole, "train_s": end - self.t0}
         if self.tw is not None and self.steps > self.warmup:
-            out["samples_per_s_after_warmup"] = (
+            out["samples_per_s"] = (
                 (self.steps - self.warmup) * samples_per_step / (end - self.tw))
         return out
 
