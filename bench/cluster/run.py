@@ -7,13 +7,18 @@ link, with the planner's prediction beside every measured run.
   /usr/bin/python3 bench/cluster/run.py          # after `bazel build //...`, as root
   /usr/bin/python3 bench/cluster/run.py --links=unshaped,1gbit --models=mlp --rounds=1
   /usr/bin/python3 bench/cluster/run.py --models=transformer_lm --links=unshaped,100mbit
+  /usr/bin/python3 bench/cluster/run.py --layout=2x2 --rows=single,auto,async,replicas4,ddp
 
 transformer_lm trains on a corpus built at start (bench/runtime/corpus.py)
 into the run's folder, which the daemons get as a data root.
 
-Layout: host 1 (198.18.0.1) runs the coordinator, worker w-1 on core 0 and
-DDP's rank 0; host 2 (198.18.0.2) runs w-2 on core 1 and rank 1. Nothing
-crosses loopback between them. The link is shaped on the two veth ends
+Layout (--layout=2x1, the default): host 1 (198.18.0.1) runs the
+coordinator, worker w-1 on core 0 and DDP's rank 0; host 2 (198.18.0.2)
+runs w-2 on core 1 and rank 1. Nothing crosses loopback between them.
+--layout=2x2: two workers per host (w-1, w-2 on host 1, w-3, w-4 on host 2;
+each host's two on cores 0 and 1, so every core runs two workers, one of
+each host), DDP on four ranks placed alike: fast inside a host (its own
+address, not shaped), the shaped link between them. The link is shaped on the two veth ends
 that feed the hosts (tc tbf, both directions); "unshaped" removes the
 shaping (a bare veth pair through a bridge).
 
@@ -21,7 +26,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   single     apapo-worker --local=1 on one core (bench/runtime's row)
   auto       ours, the planner's choice on the profile measured for this job
   async      ours, async 2-stage pipeline forced (planned cut)
-  replicas2  ours, data parallelism forced (1 stage x 2 replicas)
+  replicas2  ours, data parallelism forced (1 stage x 2 replicas;
+             replicasN: N replicas, e.g. replicas4 with --layout=2x2)
   ddp        PyTorch DDP, Gloo, rank per host
 Rounds are interleaved (links, and rows within a link, reversed every
 other round) because this machine's speed drifts; the table gives medians
@@ -55,8 +61,15 @@ PREFIX = "apb"
 HOST = ("198.18.0.1", "198.18.0.2")
 ROWS = ["single", "auto", "async", "replicas2", "ddp"]
 LINKS = ["unshaped", "10gbit", "1gbit", "100mbit"]
-OURS = ("auto", "async", "replicas2")
-DP_ROWS = ("replicas2", "ddp")
+LAYOUTS = {"2x1": 1, "2x2": 2}  # workers per host, on two hosts
+
+
+def is_ours(row):
+    return row in ("auto", "async") or row.startswith("replicas")
+
+
+def is_dp(row):
+    return row == "ddp" or row.startswith("replicas")
 
 
 def on_host(i):
@@ -217,7 +230,10 @@ def inner(a):
         sys.exit(f"--models: unknown {unknown} (known: {', '.join(rt.SPECS)})")
     timed_steps = {"mlp": a.mlp_steps, "cnn": a.cnn_steps, "transformer_lm": a.lm_steps}
     links = a.links.split(",")
-    rows = [r for r in ROWS if r in a.rows.split(",")]
+    rows = [r for r in a.rows.split(",") if r in ROWS or r.startswith("replicas")]
+    if a.layout not in LAYOUTS:
+        sys.exit(f"--layout: {a.layout!r} is not one of {', '.join(LAYOUTS)}")
+    per_host = LAYOUTS[a.layout]
     bad = [l for l in links if l != "unshaped" and not l.endswith("bit")]
     if bad:
         sys.exit(f"--links: {bad} is not 'unshaped' or a tc rate like 1gbit")
@@ -241,19 +257,22 @@ def inner(a):
             json.dump(results, f, indent=1)
         os.replace(out_path + ".tmp", out_path)
 
-    workers = (("w-1", 0, HOST[0], ()), ("w-2", 1, HOST[1], on_host(2)))
+    # (worker id, core, address, argv prefix): host by host, core by core.
+    workers = tuple((f"w-{h * per_host + c + 1}", (h + c) % 2, HOST[h],
+                     on_host(h + 1) if h else ())
+                    for h in range(2) for c in range(per_host))
     cluster = None
     try:
         text = rt.prepare_text(models, workdir)
         results["corpus"] = text
         text_path = text["path"] if text else ""
-        if any(r in OURS for r in rows):
+        if any(is_ours(r) for r in rows):
             # --insecure: the lab's hosts are namespaces of this machine only.
             cluster = rt.Cluster(workdir, workers=workers, host=HOST[0],
                                  extra_flags=("--insecure",), text_path=text_path)
-            rt.log(f"coordinator on {HOST[0]}:{cluster.port}; w-1 on host 1 (core 0), "
-                   f"w-2 on host 2 (core 1)")
-        ranks = ((0, HOST[0], ()), (1, HOST[1], on_host(2)))
+            rt.log(f"coordinator on {HOST[0]}:{cluster.port}; " + ", ".join(
+                f"{w} on host {HOST.index(h) + 1} (core {c})" for w, c, h, _ in workers))
+        ranks = tuple((core, address, prefix) for _, core, address, prefix in workers)
         for rnd in range(a.rounds):
             for model in models:
                 full = a.warmup + timed_steps[model]
@@ -270,10 +289,10 @@ def inner(a):
                         if row == "single":
                             continue
                         slow = l != "unshaped" and rate_bits(l) <= 1e9
-                        steps = (a.dp_warmup + a.dp_steps) if row in DP_ROWS and slow else full
-                        warm = a.dp_warmup if row in DP_ROWS and slow else a.warmup
+                        steps = (a.dp_warmup + a.dp_steps) if is_dp(row) and slow else full
+                        warm = a.dp_warmup if is_dp(row) and slow else a.warmup
                         t = time.time()
-                        if row in OURS:
+                        if is_ours(row):
                             r = cluster.run(model, row, steps, 1, a.run_timeout_s)
                         else:
                             r = rt.run_peer(model, row, steps, 1, workdir, a.run_timeout_s,
@@ -316,6 +335,9 @@ def main():
     ap.add_argument("--links", default=",".join(LINKS))
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--layout", default="2x1",
+                    help="2x1: one worker per host; 2x2: two per host (fast inside a "
+                         "host, the shaped link between)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--mlp_steps", type=int, default=100)

@@ -110,7 +110,7 @@ def train_samples(model, text):
     return (int(text["bytes"] * (1 - frac)) - 1) // t.context
 
 
-def make_spec(model, row, max_steps, epochs, workdir, text_path=""):
+def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec = text_format.Parse(open(SPECS[model]).read(), job_pb2.JobSpec())
     if model in TEXT_MODELS:
         if not text_path:
@@ -118,7 +118,7 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path=""):
         spec.data.text.path = text_path
     spec.limits.epochs = epochs
     spec.limits.max_steps = max_steps
-    spec.resources.workers = 2
+    spec.resources.workers = workers
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     s = spec.schedule
@@ -147,10 +147,11 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path=""):
     elif row == "async_local":
         # --local's forced layout: the contiguous, compute-balanced whole-layer cut.
         s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
-    elif row == "replicas2":
-        # Each replica takes one micro-batch (64 samples) of the 128.
+    elif row.startswith("replicas"):
+        # replicasN: one stage on N replicas, each taking one micro-batch
+        # of the mini-batch (replicas2: 64 samples of the 128).
         s.kind = plan_pb2.SCHEDULE_KIND_DATA_PARALLEL
-        s.stages, s.replicas = 1, 2
+        s.stages, s.replicas = 1, int(row[len("replicas"):])
     spec.name = f"bench-{model}-{row}"
     path = os.path.join(workdir, f"{model}-{row}-{max_steps}.textproto")
     with open(path, "w") as f:
@@ -317,6 +318,7 @@ class Cluster:
                  host="127.0.0.1", extra_flags=(), text_path=""):
         self.procs = []
         self.text_path = text_path
+        self.workers = len(workers)
         # The run's folder (the corpus, each cluster's checkpoints) joins the
         # default data roots of the coordinator (checked at submit) and of
         # the workers (on their disk). Checkpoints go there too: the default
@@ -361,7 +363,8 @@ class Cluster:
         raise RuntimeError(f"timed out waiting for {pattern!r} in {path}: {tail(path)}")
 
     def run(self, model, row, max_steps, epochs, timeout):
-        spec, _ = make_spec(model, row, max_steps, epochs, self.workdir, self.text_path)
+        spec, _ = make_spec(model, row, max_steps, epochs, self.workdir, self.text_path,
+                            workers=self.workers)
         # One checkpoint, after the last step (outside the training time),
         # as --local rows and the peers take none: a coordinator's default
         # (every 100 steps) drains and refills the pipeline and shares the
