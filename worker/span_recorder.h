@@ -24,9 +24,9 @@ namespace apapo::worker {
 
 struct TraceOptions {
   // Steps of warm-up before the window (after the step a run resumed from):
-  // the steps a run's throughput leaves out (kRateWarmupSteps), so the
-  // window shows the steady state the planner's simulator predicts. On the
-  // benchmark's mlp the first five steps took 3-9x a steady one.
+  // the steps a run's throughput leaves out (kRateWarmupSteps in
+  // stage_observer.h; stage_executor.cc asserts the two agree), so the
+  // window shows the steady state the planner's simulator predicts.
   int64_t warmup_steps = 10;
   // Steps the window covers; 0 turns recording off.
   int64_t steps = 5;

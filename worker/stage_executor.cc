@@ -21,6 +21,10 @@ namespace apapo {
 namespace worker {
 namespace {
 
+// The trace window opens where a run's throughput starts counting, so the
+// measured timeline is the steady state the simulator's is.
+static_assert(TraceOptions{}.warmup_steps == kRateWarmupSteps);
+
 using schedule::Op;
 
 std::vector<BundleEntry> FloatEntries(const std::vector<BundleEntry>& entries) {

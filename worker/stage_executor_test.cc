@@ -198,10 +198,6 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
-// Weight stashing: under async, a stage-0 backward runs after newer weights
-// exist; it must differentiate the version its forward used. The gradients
-// it produced are recomputed here from the recorded inputs, received
-// gradients and weights: they match the stashed version and not the newest.
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.
@@ -224,6 +220,10 @@ TEST(ThroughputTest, EveryReplicaMarksTheEndOfItsWarmUp) {
   }
 }
 
+// Weight stashing: under async, a stage-0 backward runs after newer weights
+// exist; it must differentiate the version its forward used. The gradients
+// it produced are recomputed here from the recorded inputs, received
+// gradients and weights: they match the stashed version and not the newest.
 TEST(WeightStashingTest, BackwardUsesItsForwardsWeightVersion) {
   Fixture f = MakeFixture();
   const schedule::ScheduleOptions sched = AsyncTwoStages(1);

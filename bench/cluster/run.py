@@ -230,7 +230,11 @@ def inner(a):
         sys.exit(f"--models: unknown {unknown} (known: {', '.join(rt.SPECS)})")
     timed_steps = {"mlp": a.mlp_steps, "cnn": a.cnn_steps, "transformer_lm": a.lm_steps}
     links = a.links.split(",")
-    rows = [r for r in a.rows.split(",") if r in ROWS or r.startswith("replicas")]
+    rows = a.rows.split(",")
+    bad_rows = [r for r in rows if r not in ROWS and not (
+        r.startswith("replicas") and r[len("replicas"):].isdigit())]
+    if bad_rows:
+        sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN)")
     if a.layout not in LAYOUTS:
         sys.exit(f"--layout: {a.layout!r} is not one of {', '.join(LAYOUTS)}")
     per_host = LAYOUTS[a.layout]
