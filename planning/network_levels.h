@@ -6,14 +6,15 @@
 // transfer inside a group the group's bandwidth and one between groups the
 // bandwidth between them, instead of the slowest link for everything.
 //
-// The rule: sort the measured bandwidths and find the largest ratio between
-// neighbours. If it is at least kLevelGap, links at or above the gap join
-// workers into groups (connected components). When the groups all have the
-// same size g, 1 < g < n, there are two levels: groups of g at the slowest
-// bandwidth inside a group, and n / g groups at the slowest bandwidth
-// between groups. Otherwise (no gap, uneven groups, at most two workers)
-// there is one flat level at the slowest link, as before. Only two levels
-// are inferred; deeper hierarchies are flattened into those two.
+// The rule: sort the measured bandwidths; every ratio of at least kLevelGap
+// between neighbours is a candidate gap, tried from the largest ratio down.
+// Links at or above a gap join workers into groups (connected components);
+// the first gap whose groups all have the same size g, 1 < g < n, gives two
+// levels: groups of g at the slowest bandwidth inside a group, and n / g
+// groups at the slowest bandwidth between groups. Otherwise (no gap, only
+// uneven groups, at most two workers) there is one flat level at the
+// slowest link. Only two levels are inferred; deeper hierarchies are
+// flattened into those two.
 //
 // Thread-safety: a pure function.
 #ifndef APAPO_PLANNING_NETWORK_LEVELS_H_

@@ -146,7 +146,9 @@ class ClusterLabTest(unittest.TestCase):
         # two levels, the slow one between the hosts.
         m = re.search(r"network 2 groups of 2: ([\d.]+) GB/s inside, "
                       r"([\d.]+) GB/s between", r.stdout)
-        self.assertIsNotNone(m, r.stdout)
+        plan = subprocess.run(self.on(1, ctl + ["plan", "job-000001"]),
+                              capture_output=True, text=True, timeout=60)
+        self.assertIsNotNone(m, r.stdout + plan.stdout)  # with the links
         inside, between = float(m.group(1)), float(m.group(2))
         self.assertLess(between, 0.13, r.stdout)
         self.assertGreater(inside, 2 * between, r.stdout)

@@ -169,14 +169,16 @@ class CpuMeter {
 };
 
 // The messages of one pair's exchange, in order: a warm-up and the timed
-// 8-byte round trips, then a warm-up and the timed large ones.
+// 8-byte round trips, then the warm-ups and the timed large ones.
 std::vector<std::pair<int64_t, bool>> Exchange(const LinkProfileOptions& o) {
   std::vector<std::pair<int64_t, bool>> out;  // (bytes, timed)
   out.push_back({kSmallBytes, false});
   for (int i = 0; i < std::max(1, o.latency_round_trips); ++i) {
     out.push_back({kSmallBytes, true});
   }
-  out.push_back({o.message_bytes, false});
+  for (int i = 0; i < std::max(1, o.warmup_round_trips); ++i) {
+    out.push_back({o.message_bytes, false});
+  }
   for (int i = 0; i < std::max(1, o.round_trips); ++i) {
     out.push_back({o.message_bytes, true});
   }
@@ -251,17 +253,18 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
 }
 
 // Median wall time of an all-reduce of message_bytes of float32 over group
-// 0 (every rank), after one warm-up.
+// 0 (every rank), after the warm-ups.
 absl::StatusOr<double> TimeAllReduce(Transport& t, const LinkProfileOptions& o) {
   std::vector<at::Tensor> tensors = {
       torch::ones({std::max<int64_t>(1, o.message_bytes / 4)}, torch::kFloat)};
   std::vector<double> times;
-  for (int i = 0; i <= std::max(1, o.round_trips); ++i) {
+  const int warmups = std::max(1, o.warmup_round_trips);
+  for (int i = 0; i < warmups + std::max(1, o.round_trips); ++i) {
     const Clock::time_point start = Clock::now();
     if (absl::Status s = t.AllReduceSum(0, tensors); !s.ok()) return s;
     const double elapsed =
         std::chrono::duration<double>(Clock::now() - start).count();
-    if (i > 0) times.push_back(elapsed);
+    if (i >= warmups) times.push_back(elapsed);
   }
   return Median(times);
 }

@@ -11,11 +11,12 @@
 //   measure  every pair i < j, in lexicographic order (a rank takes part in
 //            its own pairs only, so pairs of disjoint ranks may overlap):
 //            rank i ping-pongs with rank j, one warm-up round trip then
-//            `latency_round_trips` of 8 bytes, one warm-up then
+//            `latency_round_trips` of 8 bytes, `warmup_round_trips` then
 //            `round_trips` of `message_bytes`, and sends j its figures, so
 //            both report the same link;
-//   reduce   every rank together: a warm-up, then `round_trips` all-reduces
-//            of `message_bytes` of float32 (the median is reported);
+//   reduce   every rank together: `warmup_round_trips`, then `round_trips`
+//            all-reduces of `message_bytes` of float32 (the median is
+//            reported);
 //   leave    each rank sets "done/<rank>" and waits for all (nobody closes a
 //            connection a peer still uses), drops the transport and sets
 //            "left/<rank>"; rank 0 returns only once every rank has left,
@@ -55,6 +56,13 @@ struct LinkProfileOptions {
   // Timed round trips of the large and of the 8-byte messages.
   int round_trips = 4;
   int latency_round_trips = 8;
+  // Untimed large round trips (and all-reduces) before the timed ones. A
+  // fresh connection moves its first few large messages several times
+  // slower than later ones (loopback, 4 MiB: round trips of 42, 33, 18, 16
+  // ms, then 2.5-4; TCP's buffers and the allocator warm up): with one
+  // warm-up, workers on one host measured 0.3-0.5 GB/s between them
+  // instead of 2-3, too close to a 1 Gbit/s link to tell the two apart.
+  int warmup_round_trips = 3;
   // Notified to abandon the test (the job was stopped); may be null.
   const absl::Notification* stop = nullptr;
 };
