@@ -809,15 +809,22 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // Transfer terms (seconds with one replica).
         double transfer = 0;
         const bool pipedream = ctx.model == CostModel::kPipeDream;
-        if (!(pipedream && first)) {
-          if (!first || i != 0) {
+        if (pipedream) {
+          if (!first) {
             transfer = std::max(transfer, 2.0 * st.out[k] /
                                               (ctx.bandwidth * ctx.rho));
           }
-          if (j != st.full) {
+          if (!first && j != st.full) {
             transfer = std::max(transfer, 2.0 * st.out[j] /
                                               (ctx.bandwidth * ctx.rho));
           }
+        } else {
+          // Full duplex: each way, the stage's link carries its input's
+          // gradients back and its output forward (see optimizer.h).
+          double crossing = 0;
+          if (!first || i != 0) crossing += st.out[k];
+          if (j != st.full) crossing += st.out[j];
+          transfer = crossing / (ctx.bandwidth * ctx.rho);
         }
         // The copies of those transfers, both ways, take the stage's CPU.
         double copies = 0;
@@ -1185,22 +1192,26 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
                   : cluster.allreduce_factor *
                         RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
                                              cluster.transfer_cpu_seconds_per_byte);
+    // One boundary's transfer per mini-batch: PipeDream charges the
+    // activations and their gradients one after the other (2x, the larger
+    // boundary binds); ours charges each way of a full-duplex link what
+    // it carries, one boundary's gradients plus the other's activations.
     double comm = 0;
-    if (!(pipedream && s == 0)) {
-      if (s > 0) {
-        std::vector<int> both = f.workers;
-        both.insert(both.end(), flat[s - 1].workers.begin(),
-                    flat[s - 1].workers.end());
-        const double bw = cluster.levels[SpanLevel(cluster, both)].bandwidth;
-        comm = std::max(comm, 2.0 * st.out[f.k] / (bw * r * rho));
+    auto boundary = [&](int neighbour, double bytes) {
+      std::vector<int> both = f.workers;
+      both.insert(both.end(), flat[neighbour].workers.begin(),
+                  flat[neighbour].workers.end());
+      const double bw = cluster.levels[SpanLevel(cluster, both)].bandwidth;
+      return bytes / (bw * r * rho);
+    };
+    if (pipedream) {
+      if (s > 0) comm = std::max(comm, 2.0 * boundary(s - 1, st.out[f.k]));
+      if (s > 0 && s + 1 < p) {
+        comm = std::max(comm, 2.0 * boundary(s + 1, st.out[f.j]));
       }
-      if (s + 1 < p) {
-        std::vector<int> both = f.workers;
-        both.insert(both.end(), flat[s + 1].workers.begin(),
-                    flat[s + 1].workers.end());
-        const double bw = cluster.levels[SpanLevel(cluster, both)].bandwidth;
-        comm = std::max(comm, 2.0 * st.out[f.j] / (bw * r * rho));
-      }
+    } else {
+      if (s > 0) comm += boundary(s - 1, st.out[f.k]);
+      if (s + 1 < p) comm += boundary(s + 1, st.out[f.j]);
     }
     stage.comm_seconds = comm;
     stage.allreduce_bandwidth = ar_bw;

@@ -19,7 +19,12 @@
 // R(P, y) = 2 (y - 1) P / y * max(1 / bw, 2 c): our replicas split each
 // mini-batch and all wait for one ring all-reduce per mini-batch, which
 // moves 2 (y - 1) / y of P each way, at the link's rate or at the copies'
-// (RingAllReduceSeconds).
+// (RingAllReduceSeconds). And it replaces the two transfer terms by one,
+// (Out(k) + Out(j)) / (bw * y * rho): links are full duplex, so each way a
+// stage's link carries what it sends, the gradients of its input and its
+// output's activations, while the same amount comes in the other way.
+// (Measured on the lab's 100 Mbit/s tbf link: 1 MiB bursts both ways at
+// once took 88 ms, as one way alone; PipeDream's 2 Out / bw is 2x that.)
 //
 // B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
 // l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
@@ -142,7 +147,9 @@ struct StagePlan {
   // on one replica; see Cluster::transfer_cpu_seconds_per_byte.
   double transfer_cpu_seconds = 0;
   double allreduce_seconds = 0;  // per mini-batch
-  double comm_seconds = 0;       // max(input, output) transfer per mini-batch
+  // Transfers per mini-batch: kApapo each way of the stage's link (input
+  // gradients + output activations), kPipeDream max(input, output) x 2.
+  double comm_seconds = 0;
   double time_seconds = 0;       // max(compute + allreduce, comm)
   double parameter_bytes = 0;
   double activation_bytes = 0;   // per micro-batch held for backward

@@ -39,7 +39,7 @@ sys.path.insert(0, BIN)
 
 import grpc  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
-from proto.apapo.v1 import job_pb2, plan_pb2, service_pb2, service_pb2_grpc  # noqa: E402
+from proto.apapo.v1 import job_pb2, metrics_pb2, plan_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 
 sys.path.insert(0, HERE)
 import corpus  # noqa: E402
@@ -426,6 +426,24 @@ class Cluster:
                                  for a in plan.cluster.allreduces]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
+        # The measured timeline of each stage (the job's trace window, steps
+        # 10-15 by default) beside the simulator's: span kind, micro-batch,
+        # start and duration in ms, each on its stage's clock.
+        try:
+            trace = self.jobs.GetTrace(service_pb2.GetTraceRequest(job_id=job_id), timeout=30)
+
+            def spans(t):
+                return [(metrics_pb2.SpanKind.Name(x.kind).removeprefix("SPAN_KIND_").lower(),
+                         x.micro_batch, round(x.start_ns / 1e6, 3),
+                         round(x.duration_ns / 1e6, 3)) for x in t.spans]
+            res["trace"] = {
+                "measured": [{"stage": t.stage, "replica": t.replica, "worker": t.worker_id,
+                              "steps": [t.first_step, t.end_step], "spans": spans(t)}
+                             for t in trace.stages],
+                "simulated": [{"stage": t.stage, "replica": t.replica, "spans": spans(t)}
+                              for t in trace.simulated]}
+        except grpc.RpcError as e:
+            res["trace"] = f"GetTrace failed: {e.code()}"
         return res
 
     def close(self):
