@@ -75,6 +75,8 @@ class Transport {
   virtual absl::Status Flush() = 0;
   // Sums `tensors` over the replica group `group` (an index into the groups
   // given at creation); the entries of `tensors` are replaced by the sums.
+  // The sums may be views of a buffer the transport keeps for the group:
+  // they stay valid until the next AllReduceSum on that group.
   virtual absl::Status AllReduceSum(int group,
                                     std::vector<at::Tensor>& tensors) = 0;
   virtual TransportStats Stats() const = 0;

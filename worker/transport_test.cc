@@ -105,6 +105,57 @@ TEST(GlooTransportTest, SendRecvAndAllReduceBetweenTwoRanks) {
   EXPECT_EQ(stats.bytes_received, 48);
 }
 
+// The group's buffer is reused from call to call and replaced when the
+// size or dtype changes; the caller's inputs are never written.
+TEST(GlooTransportTest, AllReduceSumsRightWhateverTheShapesFromCallToCall) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // Per call: the tensors' shapes and dtype; rank r holds (r + 1) * base.
+  auto inputs = [](int call, int rank) {
+    const double f = rank + 1;
+    switch (call % 3) {
+      case 0:
+        return std::vector<at::Tensor>{torch::full({2, 3}, f * call),
+                                       torch::full({5}, -f)};
+      case 1:
+        return std::vector<at::Tensor>{torch::full({7}, f * call)};
+      default:
+        return std::vector<at::Tensor>{
+            torch::full({2}, f * call, torch::kDouble)};
+    }
+  };
+  absl::Status peer_status;
+  std::thread peer([&] {
+    auto t = CreateGlooTransport(Options(port, 1, 2));
+    if (!t.ok()) {
+      peer_status = t.status();
+      return;
+    }
+    for (int call = 0; call < 7; ++call) {
+      std::vector<at::Tensor> g = inputs(call, 1);
+      peer_status.Update((*t)->AllReduceSum(0, g));
+    }
+  });
+  auto t = CreateGlooTransport(Options(port, 0, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int call = 0; call < 7; ++call) {
+    std::vector<at::Tensor> g = inputs(call, 0);
+    const std::vector<at::Tensor> before = g;
+    ASSERT_TRUE((*t)->AllReduceSum(0, g).ok()) << "call " << call;
+    ASSERT_EQ(g.size(), before.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_EQ(g[i].sizes(), before[i].sizes()) << "call " << call;
+      EXPECT_EQ(g[i].scalar_type(), before[i].scalar_type()) << "call " << call;
+      // 1x + 2x the input's value; the input itself unchanged.
+      EXPECT_TRUE(torch::equal(g[i], before[i] * 3)) << "call " << call << " " << i;
+      EXPECT_TRUE(torch::equal(before[i], inputs(call, 0)[i])) << "call " << call;
+    }
+  }
+  peer.join();
+  EXPECT_TRUE(peer_status.ok()) << peer_status;
+}
+
 TEST(GlooTransportTest, SilentPeerIsADeadlineNotAHang) {
   auto server = StartStoreServer();
   ASSERT_TRUE(server.ok());
