@@ -103,23 +103,37 @@ class ElasticJobTest(unittest.TestCase):
         t.wait_until(lambda: not stage_processes(pids), 30, "stage processes to end")
 
     def assert_accuracy_as_uninterrupted(self, job, what):
-        """Within 0.5 point of the same spec trained without a fault (run
-        once, on 3 workers: the faulted one is replaced for it)."""
-        if "accuracy" not in _reference:
-            c = self.cluster
-            c.add_worker("w-4")
-            ref_id = c.submit(spec(steps=STEPS, workers=3))
+        """Within 0.5 point of the same spec trained without a fault, on the
+        plan the job started on and on the plan it resumed on: each run
+        once, on 3 and on 2 workers (the faulted one is replaced for them).
+        The accuracy of an async pipeline depends on its plan (its
+        replicas, its depth): the same spec settled at 88.42% on 3 workers
+        (stage 1 replicated) and 88.19% on 2 (two stages, stage 0 three
+        deep), so a job that trained on both lands between the two, and
+        nothing is lost as long as it is no further than 0.5 point outside
+        them."""
+        c = self.cluster
+        for workers in (WORKERS, WORKERS - 1):
+            if workers in _reference:
+                continue
+            if "w-4" not in c.workers:
+                c.add_worker("w-4")
+            ref_id = c.submit(spec(steps=STEPS, workers=workers))
             ref = c.watch_until(ref_id, lambda m: m.job.state in ENDED, timeout=600)
             self.assertEqual(ref.state, job_pb2.JOB_STATE_SUCCEEDED, ref.error)
             self.assertEqual(ref.restarts, 0)
-            _reference["accuracy"] = ref.progress.test_accuracy
+            _reference[workers] = ref.progress.test_accuracy
+        low = min(_reference[WORKERS], _reference[WORKERS - 1])
+        high = max(_reference[WORKERS], _reference[WORKERS - 1])
         r = job.restart_history[0]
+        accuracy = job.progress.test_accuracy
         print(f"\nelastic: {what}; {r.stages_before} -> {r.stages_after} stage(s), "
               f"resumed from step {r.resumed_step}, {r.seconds_lost:.1f} s lost; accuracy "
-              f"{100 * job.progress.test_accuracy:.2f}% vs "
-              f"{100 * _reference['accuracy']:.2f}% uninterrupted", flush=True)
-        self.assertAlmostEqual(job.progress.test_accuracy, _reference["accuracy"],
-                               delta=0.005)
+              f"{100 * accuracy:.2f}% vs {100 * _reference[WORKERS]:.2f}% "
+              f"({WORKERS} workers) and {100 * _reference[WORKERS - 1]:.2f}% "
+              f"({WORKERS - 1}) uninterrupted", flush=True)
+        self.assertGreaterEqual(accuracy, low - 0.005, what)
+        self.assertLessEqual(accuracy, high + 0.005, what)
 
     def test_worker_killed_mid_run_is_replanned_on_the_survivors(self):
         job, victim, placed = self.run_with_fault(
