@@ -538,21 +538,33 @@ TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
   EXPECT_EQ(bounded->stages[0].staleness, 1);
 }
 
+// Two layers `first` -> `second` of the same forward and backward seconds
+// and parameter bytes each, `cut_bytes` of activations between them (1 kB
+// out of the second).
+Graph TwoLayers(const std::string& first, const std::string& second,
+                double forward, double backward, double cut_bytes,
+                double parameter_bytes) {
+  Graph g;
+  Node a;
+  a.id = first;
+  a.forward_seconds = forward;
+  a.backward_seconds = backward;
+  a.activation_bytes = cut_bytes;
+  a.parameter_bytes = parameter_bytes;
+  Node b = a;
+  b.id = second;
+  b.activation_bytes = 1e3;
+  const int u = g.AddNode(a);
+  const int v = g.AddNode(b);
+  EXPECT_TRUE(g.AddEdge(u, v).ok());
+  EXPECT_TRUE(g.Validate().ok());
+  return g;
+}
+
 // The mlp of bench/cluster at 100 Mbit/s in miniature: two layers of 67 ms
 // a mini-batch, 1 MB of activations between them, 10 MB of weights each.
 TEST(OptimizerTest, ALinkCarriesActivationsAndGradientsBothWaysAtOnce) {
-  Graph g;
-  Node a;
-  a.id = "fc1";
-  a.forward_seconds = 0.022;
-  a.backward_seconds = 0.045;
-  a.activation_bytes = 1e6;
-  a.parameter_bytes = 10e6;
-  Node b = a;
-  b.id = "fc2";
-  b.activation_bytes = 1e3;
-  ASSERT_TRUE(g.AddEdge(g.AddNode(a), g.AddNode(b)).ok());
-  ASSERT_TRUE(g.Validate().ok());
+  const Graph g = TwoLayers("fc1", "fc2", 0.022, 0.045, 1e6, 10e6);
   absl::StatusOr<Cluster> slow = MakeCluster(2, "2:12.5e6", "", "");
   ASSERT_TRUE(slow.ok());
   PlannerOptions o;
@@ -576,23 +588,7 @@ TEST(OptimizerTest, ALinkCarriesActivationsAndGradientsBothWaysAtOnce) {
 // Two layers of 50 ms forward, 100 ms backward and 5 MB of weights, with
 // 19 MB of activations between them: at 1 GB/s the wire hides under the
 // compute, and only the copies' CPU can tell a pipeline from replicas.
-Graph WideCut() {
-  Graph g;
-  Node a;
-  a.id = "conv";
-  a.forward_seconds = 0.05;
-  a.backward_seconds = 0.1;
-  a.activation_bytes = 19e6;
-  a.parameter_bytes = 5e6;
-  Node b = a;
-  b.id = "head";
-  b.activation_bytes = 1e3;
-  const int u = g.AddNode(a);
-  const int v = g.AddNode(b);
-  EXPECT_TRUE(g.AddEdge(u, v).ok());
-  EXPECT_TRUE(g.Validate().ok());
-  return g;
-}
+Graph WideCut() { return TwoLayers("conv", "head", 0.05, 0.1, 19e6, 5e6); }
 
 TEST(OptimizerTest, TransferCopiesTakeTheStagesCpu) {
   const Graph g = WideCut();
