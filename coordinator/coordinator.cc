@@ -39,6 +39,15 @@ absl::Status Validate(const CoordinatorOptions& o) {
         absl::StrCat("heartbeat interval must be > 0, got ",
                      absl::FormatDuration(o.heartbeat_interval)));
   }
+  if (o.heartbeat_slots < 0 || o.heartbeat_slots > WorkerServiceImpl::kMaxHeartbeatSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_slots must be in 0..",
+                     WorkerServiceImpl::kMaxHeartbeatSlots, ", got ", o.heartbeat_slots));
+  }
+  if (o.heartbeat_slot_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--heartbeat_slot_size must be >= 1, got ", o.heartbeat_slot_size));
+  }
   if (!o.tls.enabled() && !IsLoopback(o.host) && !o.allow_insecure) {
     return absl::InvalidArgumentError(absl::StrCat(
         "listening on ", o.host, " without TLS would let anyone who reaches "
@@ -145,7 +154,9 @@ absl::Status Coordinator::StartServing() {
                          MakeServerCredentials(options_.tls));
   worker_service_ =
       std::make_unique<WorkerServiceImpl>(registry_.get(), scheduler_.get(),
-                                          options_.pace_idle_reads);
+                                          options_.pace_idle_reads,
+                                          options_.heartbeat_slots,
+                                          options_.heartbeat_slot_size);
   worker_service_->RequireWorkerCertificates(options_.tls.enabled());
   worker_service_->SetAccessPolicy(access_.get());
   worker_service_->SetRegisterHook([this](const apapo::v1::WorkerInfo& info) {

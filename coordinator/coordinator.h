@@ -27,6 +27,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/worker_service.h"
 #include "planning/planner.h"
 
 namespace prometheus {
@@ -43,7 +44,6 @@ class JobManager;
 class JobServiceImpl;
 class JobStore;
 class WorkerRegistry;
-class WorkerServiceImpl;
 
 struct CoordinatorOptions {
   // Address the gRPC server and the metrics endpoint listen on. Beyond
@@ -69,6 +69,11 @@ struct CoordinatorOptions {
   // Park the read after an idle worker's heartbeat for about an interval
   // (WorkerServiceImpl, "Paced reads").
   bool pace_idle_reads = true;
+  // Heartbeat offsets handed out per interval, 0 for none
+  // (WorkerServiceImpl, "Heartbeats in slots").
+  int heartbeat_slots = WorkerServiceImpl::kDefaultHeartbeatSlots;
+  // Workers given one slot before the next is used (likewise).
+  int heartbeat_slot_size = WorkerServiceImpl::kDefaultHeartbeatSlotSize;
   // Directories job specs may name files under (common/spec_paths.h).
   std::vector<std::string> data_roots = DefaultDataRoots();
   // Ended jobs kept (memory and state file); the oldest beyond are dropped.

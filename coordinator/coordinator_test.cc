@@ -152,6 +152,21 @@ TEST(CoordinatorStartTest, BadOptionsAreInvalidArgument) {
   absl::Status s = coordinator.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("heartbeat interval"));
+  for (int slots : {-1, 1001}) {
+    options = LocalOptions();
+    options.heartbeat_slots = slots;
+    Coordinator bad_slots(options);
+    s = bad_slots.Start();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << slots;
+    EXPECT_THAT(s.message(), HasSubstr("--heartbeat_slots must be in 0..1000, got " +
+                                       std::to_string(slots)));
+  }
+  options = LocalOptions();
+  options.heartbeat_slot_size = 0;
+  Coordinator bad_size(options);
+  s = bad_size.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--heartbeat_slot_size must be >= 1, got 0"));
 }
 
 TEST_F(CoordinatorTest, ShutdownEndsOpenStreamsPromptly) {

@@ -54,6 +54,16 @@ ABSL_FLAG(bool, pace_idle_reads, true,
           "Read an idle worker's stream once per heartbeat interval, when its "
           "next heartbeat is already buffered (saves a write and a wake-up "
           "per heartbeat; an idle worker's messages wait up to an interval).");
+ABSL_FLAG(int, heartbeat_slots,
+          apapo::coordinator::WorkerServiceImpl::kDefaultHeartbeatSlots,
+          "Workers are told to heartbeat at one of this many evenly spaced "
+          "offsets into each interval (by wall clock), so that their "
+          "heartbeats arrive in bursts and cost fewer wake-ups; 0 lets each "
+          "heartbeat from its own registration. At most 1000.");
+ABSL_FLAG(int, heartbeat_slot_size,
+          apapo::coordinator::WorkerServiceImpl::kDefaultHeartbeatSlotSize,
+          "Workers given one heartbeat offset before the next is used "
+          "(--heartbeat_slots); after the last, the first again.");
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus /metrics endpoint; 0 picks a free port "
           "(printed on start); -1 disables it.");
@@ -170,6 +180,8 @@ int Run() {
   options.state_path = state;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.pace_idle_reads = absl::GetFlag(FLAGS_pace_idle_reads);
+  options.heartbeat_slots = absl::GetFlag(FLAGS_heartbeat_slots);
+  options.heartbeat_slot_size = absl::GetFlag(FLAGS_heartbeat_slot_size);
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.scheduler.profile_timeout = absl::GetFlag(FLAGS_profile_timeout);
   options.scheduler.transfer_timeout = absl::GetFlag(FLAGS_transfer_timeout);

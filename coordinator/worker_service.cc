@@ -250,6 +250,15 @@ class WorkerServiceImpl::ConnectReactor final
       *registered_.mutable_registered()->mutable_heartbeat_interval() =
           google::protobuf::util::TimeUtil::NanosecondsToDuration(
               absl::ToInt64Nanoseconds(registry->heartbeat_interval()));
+      if (const int slots = service_->heartbeat_slots_; slots > 0) {
+        const uint64_t slot =
+            service_->registrations_.fetch_add(1, std::memory_order_relaxed) /
+            service_->heartbeat_slot_size_ % slots;
+        *registered_.mutable_registered()->mutable_heartbeat_offset() =
+            google::protobuf::util::TimeUtil::NanosecondsToDuration(
+                absl::ToInt64Nanoseconds(registry->heartbeat_interval() *
+                                         static_cast<int64_t>(slot) / slots));
+      }
       send_registered_ = true;
     }
     if (service_->on_registered_) service_->on_registered_(in_.register_());
@@ -332,8 +341,12 @@ class WorkerServiceImpl::ConnectReactor final
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerRegistry* registry,
                                      WorkerMessageListener* listener,
-                                     bool pace_idle_reads)
-    : registry_(registry), listener_(listener) {
+                                     bool pace_idle_reads, int heartbeat_slots,
+                                     int heartbeat_slot_size)
+    : registry_(registry),
+      listener_(listener),
+      heartbeat_slots_(std::clamp(heartbeat_slots, 0, kMaxHeartbeatSlots)),
+      heartbeat_slot_size_(std::max(1, heartbeat_slot_size)) {
   if (pace_idle_reads) {
     // A fifth of an interval per tick: a thousand workers at 1 Hz resume in
     // batches of about 200, each read 50-250 ms after its heartbeat arrived.

@@ -2,6 +2,7 @@
 #include "coordinator/worker_service.h"
 
 #include <memory>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
@@ -214,6 +215,56 @@ TEST(WorkerServiceTimeoutTest, SilentWorkerIsLostAndItsStreamClosed) {
   EXPECT_THAT(status.error_message(), ::testing::HasSubstr("no heartbeat for 4s"));
   EXPECT_EQ(registry.List()[0].state(), apapo::v1::WORKER_STATE_LOST);
   server.Shutdown();
+}
+
+// --- Heartbeats in slots: Registered says when in the interval to beat ---
+
+// Registers `n` workers "s-<i>" one after the other and returns the
+// heartbeat offset each was given (-1 s: none), closing each stream.
+std::vector<absl::Duration> RegisterAndReadOffsets(int slots, int slot_size, int n) {
+  RealClock clock;
+  WorkerRegistry registry{&clock, absl::Seconds(5)};
+  WorkerServiceImpl service{&registry, nullptr, /*pace_idle_reads=*/true, slots,
+                            slot_size};
+  CoordinatorServer server{{&service}};
+  auto port = server.Start("127.0.0.1:0");
+  EXPECT_TRUE(port.ok());
+  auto stub = apapo::v1::WorkerService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port.value_or(0)),
+      grpc::InsecureChannelCredentials()));
+  std::vector<absl::Duration> offsets;
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext ctx;
+    auto stream = stub->Connect(&ctx);
+    apapo::v1::WorkerMessage reg;
+    reg.mutable_register_()->set_worker_id("s-" + std::to_string(i));
+    EXPECT_TRUE(stream->Write(reg));
+    apapo::v1::CoordinatorMessage reply;
+    EXPECT_TRUE(stream->Read(&reply));
+    EXPECT_TRUE(reply.has_registered());
+    const auto& r = reply.registered();
+    offsets.push_back(r.has_heartbeat_offset()
+                          ? absl::Seconds(r.heartbeat_offset().seconds()) +
+                                absl::Nanoseconds(r.heartbeat_offset().nanos())
+                          : absl::Seconds(-1));
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  server.Shutdown();
+  return offsets;
+}
+
+TEST(HeartbeatSlotsTest, WorkersFillASlotBeforeTheNextAndWrapAround) {
+  // 4 slots of a 5 s interval (0, 1.25, 2.5, 3.75 s), 2 workers each.
+  const absl::Duration s0 = absl::ZeroDuration(), s1 = absl::Milliseconds(1250),
+                       s2 = absl::Milliseconds(2500), s3 = absl::Milliseconds(3750);
+  EXPECT_THAT(RegisterAndReadOffsets(4, 2, 10),
+              ::testing::ElementsAre(s0, s0, s1, s1, s2, s2, s3, s3, s0, s0));
+}
+
+TEST(HeartbeatSlotsTest, NoSlotsGivesNoOffset) {
+  EXPECT_THAT(RegisterAndReadOffsets(0, 2, 2),
+              ::testing::ElementsAre(absl::Seconds(-1), absl::Seconds(-1)));
 }
 
 // --- Paced reads: an idle worker's read after a heartbeat is parked ---

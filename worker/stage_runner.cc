@@ -12,8 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/proto_time.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/time_util.h"
 #include "worker/checkpoint_store.h"
 #include "worker/file_system.h"
 #include "worker/model_graph.h"
@@ -77,7 +77,7 @@ class ProgressReporter : public StageObserver {
     if (sent_ > 0 && now - last_time_ < kStageReportInterval) return;
     MetricsReport m;
     m.set_job_id(job_id_);
-    *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+    *m.mutable_time() = apapo::NowTimestamp();
     m.set_step(r.steps);
     m.set_resumed_step(r.resumed_step);
     m.set_checkpoint_step(r.checkpoint_step);
@@ -135,7 +135,7 @@ class ProgressReporter : public StageObserver {
   MetricsReport Base(const TrainingProgress& p) const {
     MetricsReport m;
     m.set_job_id(job_id_);
-    *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+    *m.mutable_time() = apapo::NowTimestamp();
     m.set_step(p.step);
     m.set_total_steps(p.total_steps);
     m.set_epoch(static_cast<int32_t>(p.epoch));
@@ -298,7 +298,7 @@ absl::Status RunStageOrThrow(const AssignStage& a, const std::string& label,
   const StageReport r = exec->Report();
   MetricsReport m;
   m.set_job_id(a.job_id());
-  *m.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  *m.mutable_time() = apapo::NowTimestamp();
   m.set_step(r.steps);
   m.set_resumed_step(r.resumed_step);
   m.set_checkpoint_step(r.checkpoint_step);

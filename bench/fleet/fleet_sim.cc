@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/fleet/canned.h"
-#include "google/protobuf/util/time_util.h"
+#include "common/heartbeat_schedule.h"
+#include "common/proto_time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace apapo::bench {
@@ -15,7 +17,6 @@ namespace {
 
 using apapo::v1::CoordinatorMessage;
 using apapo::v1::WorkerMessage;
-using google::protobuf::util::TimeUtil;
 
 // How long Stop() waits for cancelled streams to end.
 constexpr absl::Duration kCancelGrace = absl::Seconds(10);
@@ -94,7 +95,7 @@ class FleetSimulator::Worker final
 
   bool SendHeartbeat() {
     WorkerMessage m;
-    *m.mutable_heartbeat()->mutable_time() = TimeUtil::GetCurrentTime();
+    *m.mutable_heartbeat()->mutable_time() = apapo::NowTimestamp();
     {
       absl::MutexLock lock(&mu_);
       if (!running_job_.empty()) m.mutable_heartbeat()->set_job_id(running_job_);
@@ -235,7 +236,7 @@ class FleetSimulator::Worker final
     apapo::v1::MetricsReport r;
     r.set_job_id(job_id);
     r.set_worker_id(id_);
-    *r.mutable_time() = TimeUtil::GetCurrentTime();
+    *r.mutable_time() = apapo::NowTimestamp();
     const int64_t step = static_cast<int64_t>(done * job.total_steps);
     r.set_step(step);
     r.set_epoch(1);
@@ -277,8 +278,12 @@ class FleetSimulator::Worker final
     const int store_port = sim_->options_.fake_store_port;
     switch (m.kind_case()) {
       case CoordinatorMessage::kRegistered: {
+        std::optional<absl::Duration> offset;
+        if (m.registered().has_heartbeat_offset()) {
+          offset = FromProto(m.registered().heartbeat_offset());
+        }
         sim_->OnRegistered(index_, absl::Now() - begin_,
-                           FromProto(m.registered().heartbeat_interval()));
+                           FromProto(m.registered().heartbeat_interval()), offset);
         return;
       }
       case CoordinatorMessage::kProfile: {
@@ -556,7 +561,8 @@ absl::Status FleetSimulator::Stop(absl::Time deadline) {
 }
 
 void FleetSimulator::OnRegistered(int index, absl::Duration latency,
-                                  absl::Duration interval) {
+                                  absl::Duration interval,
+                                  std::optional<absl::Duration> offset) {
   {
     absl::MutexLock lock(&mu_);
     WorkerRecord& r = records_[index];
@@ -567,28 +573,36 @@ void FleetSimulator::OnRegistered(int index, absl::Duration latency,
     r.registered = true;
     r.registration_latency = latency;
     r.heartbeat_interval = interval;
+    r.heartbeat_offset = offset;
     last_registered_ = absl::Now();
     if (++stats_.registered == options_.workers) {
       stats_.time_to_register_all = last_registered_ - start_time_;
     }
   }
   if (interval <= absl::ZeroDuration()) return;
-  // Spread the fleet's first heartbeats evenly over one interval.
+  // On the coordinator's grid, as the daemon does; without an offset,
+  // spread the fleet's first heartbeats evenly over one interval.
   const absl::Time first =
-      absl::Now() + interval * index / std::max(1, options_.workers);
-  timers_.Schedule(first,
-                   [this, index, first, interval] { Heartbeat(index, first, interval); });
+      offset.has_value()
+          ? NextHeartbeatTime(absl::Now(), interval, *offset)
+          : absl::Now() + interval * index / std::max(1, options_.workers);
+  timers_.Schedule(first, [this, index, first, interval, offset] {
+    Heartbeat(index, first, interval, offset);
+  });
 }
 
-void FleetSimulator::Heartbeat(int index, absl::Time when,
-                               absl::Duration interval) {
+void FleetSimulator::Heartbeat(int index, absl::Time when, absl::Duration interval,
+                               std::optional<absl::Duration> offset) {
   if (!workers_[index]->SendHeartbeat()) return;
   // Keep the cadence; after a stall, resume from now instead of bursting.
   const absl::Time now = absl::Now();
-  absl::Time next = when + interval;
+  absl::Time next = offset.has_value()
+                        ? NextHeartbeatTime(std::max(when, now - interval / 2),
+                                            interval, *offset)
+                        : when + interval;
   if (next < now - interval) next = now;
-  timers_.Schedule(next, [this, index, next, interval] {
-    Heartbeat(index, next, interval);
+  timers_.Schedule(next, [this, index, next, interval, offset] {
+    Heartbeat(index, next, interval, offset);
   });
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,7 @@ struct WorkerRecord {
   bool registered = false;
   absl::Duration registration_latency;  // stream start -> Registered
   absl::Duration heartbeat_interval;    // as the coordinator gave it
+  std::optional<absl::Duration> heartbeat_offset;  // likewise, if it did
   int64_t heartbeats_sent = 0;
   // By command id.
   std::map<int64_t, CommandRecord> commands;
@@ -189,13 +191,16 @@ class FleetSimulator {
   friend class Worker;
 
   // Events from the workers' streams (any gRPC or timer thread).
-  void OnRegistered(int index, absl::Duration latency, absl::Duration interval);
+  // `offset`: Registered.heartbeat_offset, if the coordinator gave one.
+  void OnRegistered(int index, absl::Duration latency, absl::Duration interval,
+                    std::optional<absl::Duration> offset);
   void OnReceived(int index, const apapo::v1::CoordinatorMessage& message);
   void OnSent(int index, const apapo::v1::WorkerMessage& message, bool ok);
   void OnError(int index);
   void OnEnded(int index, absl::StatusCode code, const std::string& message);
   // Heartbeat of worker `index` due at `when`; reschedules itself.
-  void Heartbeat(int index, absl::Time when, absl::Duration interval);
+  void Heartbeat(int index, absl::Time when, absl::Duration interval,
+                 std::optional<absl::Duration> offset);
 
   void RecordMilestone(const std::string& job_id, JobMilestone m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -204,10 +204,19 @@ def main():
                         "each size also runs against it, right after ours")
     parser.add_argument("--baseline_max_workers", type=int, default=1000,
                         help="sizes above this skip the baseline and the "
-                        "unpaced runs")
+                        "unpaced and unslotted runs")
     parser.add_argument("--compare_unpaced", action="store_true",
                         help="each size also runs against the same coordinator "
                         "with --pace_idle_reads=false, right after ours")
+    parser.add_argument("--compare_unslotted", action="store_true",
+                        help="each size also runs against the same coordinator "
+                        "with --heartbeat_slots=0 (every worker heartbeats "
+                        "from its own registration), right after ours")
+    parser.add_argument("--compare", action="append", default=[],
+                        metavar="FLAGS",
+                        help="each size also runs against the same coordinator "
+                        "with these flags (space-separated), named by them; "
+                        "repeatable")
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat every size (and its comparisons) this "
                         "many times, interleaved")
@@ -261,6 +270,11 @@ def main():
                 if args.compare_unpaced:
                     others.append((" unpaced", COORDINATOR,
                                    ["--pace_idle_reads=false"], True))
+                if args.compare_unslotted:
+                    others.append((" unslotted", COORDINATOR,
+                                   ["--heartbeat_slots=0"], True))
+                for flags in args.compare:
+                    others.append((" " + flags, COORDINATOR, flags.split(), True))
                 if args.baseline_coordinator:
                     others.append((" before", args.baseline_coordinator, [], False))
                 for suffix, binary, flags, judged in others:

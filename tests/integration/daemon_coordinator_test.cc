@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "absl/random/random.h"
+#include "grpcpp/grpcpp.h"
 
 #include "coordinator/server.h"
 #include "coordinator/worker_service.h"
@@ -274,6 +276,79 @@ TEST(WorkerDaemonTest, ProfileThatHostsTheLinkTestAcksThePortFirst) {
   daemon.Shutdown();
   run.join();
   coord.server.Shutdown();
+}
+
+// A coordinator that gives a heartbeat offset and records the heartbeats'
+// send times (the real WorkerService does not pass heartbeats on).
+class OffsetGivingService final : public apapo::v1::WorkerService::Service {
+ public:
+  OffsetGivingService(absl::Duration interval, absl::Duration offset)
+      : interval_(interval), offset_(offset) {}
+
+  grpc::Status Connect(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<apapo::v1::CoordinatorMessage,
+                                                WorkerMessage>* stream) override {
+    WorkerMessage m;
+    if (!stream->Read(&m) || !m.has_register_()) return grpc::Status::OK;
+    apapo::v1::CoordinatorMessage reply;
+    reply.mutable_registered()->set_worker_id(m.register_().worker_id());
+    reply.mutable_registered()->mutable_heartbeat_interval()->set_nanos(
+        static_cast<int>(absl::ToInt64Nanoseconds(interval_)));
+    reply.mutable_registered()->mutable_heartbeat_offset()->set_nanos(
+        static_cast<int>(absl::ToInt64Nanoseconds(offset_)));
+    if (!stream->Write(reply)) return grpc::Status::OK;
+    while (stream->Read(&m)) {
+      if (!m.has_heartbeat()) continue;
+      absl::MutexLock lock(&mu_);
+      sent_.push_back(absl::FromUnixSeconds(m.heartbeat().time().seconds()) +
+                      absl::Nanoseconds(m.heartbeat().time().nanos()));
+    }
+    return grpc::Status::OK;
+  }
+
+  // The send times of the first `n` heartbeats, once there are that many.
+  std::vector<absl::Time> WaitForHeartbeats(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sent_.size() >= n; };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30)));
+    return std::vector<absl::Time>(sent_.begin(),
+                                   sent_.begin() + std::min(n, sent_.size()));
+  }
+
+ private:
+  const absl::Duration interval_, offset_;
+  absl::Mutex mu_;
+  std::vector<absl::Time> sent_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(WorkerDaemonTest, HeartbeatsAtTheOffsetTheCoordinatorGives) {
+  // 400 ms beats at 250 ms into each: a daemon that ignored the offset
+  // would send each heartbeat anywhere in the interval, so the odds that
+  // four land in the 150 ms after the offset by chance are (3/8)^4 = 2%.
+  const absl::Duration interval = absl::Milliseconds(400);
+  const absl::Duration offset = absl::Milliseconds(250);
+  OffsetGivingService service(interval, offset);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  FakeRunner runner;
+  WorkerDaemon daemon(TestDaemonOptions(port), &runner);
+  std::thread run([&] { daemon.Run(); });
+  const std::vector<absl::Time> sent = service.WaitForHeartbeats(4);
+  for (absl::Time t : sent) {
+    const absl::Duration into = ((t - absl::UnixEpoch()) - offset) % interval;
+    EXPECT_GE(into, absl::ZeroDuration()) << t;
+    EXPECT_LT(into, absl::Milliseconds(150)) << t;
+  }
+  for (size_t i = 1; i < sent.size(); ++i) {
+    EXPECT_GT(sent[i] - sent[i - 1], interval / 2);
+  }
+  daemon.Shutdown();
+  run.join();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
 }
 
 TEST(JitteredBackoffTest, SpreadsAroundTheBackoff) {

@@ -2,14 +2,16 @@
 
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/random/distributions.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/heartbeat_schedule.h"
 #include "common/limits.h"
-#include "google/protobuf/util/time_util.h"
+#include "common/proto_time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace apapo::worker {
@@ -52,12 +54,22 @@ class WorkerDaemon::Session {
     return stream_->Write(message);
   }
 
-  void StartHeartbeat(absl::Duration interval, const std::string& worker_id) {
-    heartbeat_ = std::thread([this, interval] {
-      while (!ended_.WaitForNotificationWithTimeout(interval)) {
+  // Heartbeats every `interval`; with an `offset`, on the coordinator's grid
+  // of wall-clock times (common/heartbeat_schedule.h).
+  void StartHeartbeat(absl::Duration interval, std::optional<absl::Duration> offset) {
+    heartbeat_ = std::thread([this, interval, offset] {
+      absl::Time previous = absl::Now();
+      for (;;) {
+        absl::Duration wait = interval;
+        if (offset.has_value()) {
+          wait = HeartbeatWait(NextHeartbeatTime(previous, interval, *offset),
+                               absl::Now(), interval);
+        }
+        if (ended_.WaitForNotificationWithTimeout(wait)) return;
+        previous = absl::Now();
         WorkerMessage m;
         *m.mutable_heartbeat()->mutable_time() =
-            google::protobuf::util::TimeUtil::GetCurrentTime();
+            apapo::NowTimestamp();
         const std::string job = daemon_->RunningJob();
         if (!job.empty()) m.mutable_heartbeat()->set_job_id(job);
         if (!Write(m)) return;
@@ -376,10 +388,19 @@ void WorkerDaemon::RunSession() {
   // PERMISSION_DENIED for a certificate of another worker).
   bool open = stream->Write(hello) && stream->Read(&reply);
   if (open && reply.has_registered()) {
-    absl::Duration interval = absl::Nanoseconds(
-        google::protobuf::util::TimeUtil::DurationToNanoseconds(
-            reply.registered().heartbeat_interval()));
-    if (interval <= absl::ZeroDuration()) interval = absl::Seconds(2);
+    // Saturating, whatever the coordinator sent (TimeUtil's conversion
+    // overflows on a huge Duration). The offset is folded into the interval.
+    const auto& registered = reply.registered();
+    absl::Duration interval = absl::Seconds(registered.heartbeat_interval().seconds()) +
+                              absl::Nanoseconds(registered.heartbeat_interval().nanos());
+    if (interval <= absl::ZeroDuration() || interval == absl::InfiniteDuration()) {
+      interval = absl::Seconds(2);
+    }
+    std::optional<absl::Duration> offset;
+    if (registered.has_heartbeat_offset()) {
+      offset = absl::Seconds(registered.heartbeat_offset().seconds()) +
+               absl::Nanoseconds(registered.heartbeat_offset().nanos());
+    }
     std::cerr << "apapo-worker: registered as " << reply.registered().worker_id()
               << " with " << options_.coordinator << "\n";
     {
@@ -389,7 +410,7 @@ void WorkerDaemon::RunSession() {
     }
     Session session(stream.get(), this);
     AttachSession(&session);  // sends what ended while there was none
-    session.StartHeartbeat(interval, options_.info.worker_id());
+    session.StartHeartbeat(interval, offset);
     while (stream->Read(&reply)) session.Handle(reply);
     open = false;
     AttachSession(nullptr);
