@@ -13,6 +13,7 @@
 #include "bench/fleet/canned.h"
 #include "bench/fleet/fleet_sim.h"
 #include "coordinator/coordinator.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/apapo/v1/service.grpc.pb.h"
@@ -43,6 +44,8 @@ class FleetTest : public ::testing::Test {
     options.metrics_port = -1;
     options.state_path = ":memory:";
     options.heartbeat_interval = kHeartbeat;
+    // 200 workers in 4 of the 10 heartbeat slots.
+    options.heartbeat_slot_size = 50;
     options.scheduler.tick = absl::Milliseconds(50);
     return options;
   }
@@ -152,9 +155,19 @@ TEST_F(FleetTest, HeartbeatingWorkersStayAliveAndArePagedThrough) {
   EXPECT_EQ(stats.registered, kWorkers);
   EXPECT_GE(stats.heartbeats_sent(), 8 * kWorkers);
   EXPECT_EQ(stats.received[CoordinatorMessage::kRegistered], kWorkers);
+  std::map<absl::Duration, int> per_offset;
   for (const bench::WorkerRecord& w : fleet_->Workers()) {
     EXPECT_EQ(w.heartbeat_interval, kHeartbeat) << w.worker_id;
+    ASSERT_TRUE(w.heartbeat_offset.has_value()) << w.worker_id;
+    ++per_offset[*w.heartbeat_offset];
   }
+  // The first 4 of 10 slots, 50 workers each (registration order decides
+  // which worker gets which).
+  EXPECT_THAT(per_offset,
+              ::testing::ElementsAre(::testing::Pair(absl::ZeroDuration(), 50),
+                                     ::testing::Pair(kHeartbeat / 10, 50),
+                                     ::testing::Pair(kHeartbeat * 2 / 10, 50),
+                                     ::testing::Pair(kHeartbeat * 3 / 10, 50)));
 }
 
 TEST_F(FleetTest, AJobOnSixteenWorkersSucceedsWithEveryCommandOnceAndAcked) {
