@@ -30,4 +30,8 @@ google::protobuf::Timestamp ToTimestamp(absl::Time t) {
 
 google::protobuf::Timestamp NowTimestamp() { return ToTimestamp(absl::Now()); }
 
+absl::Duration FromProtoDuration(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
 }  // namespace apapo

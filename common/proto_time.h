@@ -8,6 +8,7 @@
 #define APAPO_COMMON_PROTO_TIME_H_
 
 #include "absl/time/time.h"
+#include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 
 namespace apapo {
@@ -18,6 +19,10 @@ google::protobuf::Timestamp ToTimestamp(absl::Time t);
 
 // The current time, to the nanosecond (as the system clock gives it).
 google::protobuf::Timestamp NowTimestamp();
+
+// `d` as absl::Duration, saturating (TimeUtil's conversion overflows on a
+// Duration past int64 nanoseconds, which a peer may send).
+absl::Duration FromProtoDuration(const google::protobuf::Duration& d);
 
 }  // namespace apapo
 

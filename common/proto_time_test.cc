@@ -27,6 +27,16 @@ TEST(ProtoTimeTest, InfiniteTimesSaturateToTheTimestampRange) {
   EXPECT_EQ(ToTimestamp(absl::InfinitePast()).nanos(), 0);
 }
 
+TEST(ProtoTimeTest, DurationsConvertAndSaturate) {
+  google::protobuf::Duration d;
+  d.set_seconds(2);
+  d.set_nanos(250000000);
+  EXPECT_EQ(FromProtoDuration(d), absl::Milliseconds(2250));
+  d.set_seconds(315576000000);  // the largest a Duration may hold
+  d.set_nanos(0);
+  EXPECT_EQ(FromProtoDuration(d), absl::Seconds(315576000000));
+}
+
 TEST(ProtoTimeTest, NowIsFinerThanASecond) {
   // Debian's TimeUtil::GetCurrentTime() gives whole seconds; ours must not.
   // Ten readings 1.3 ms apart: all with nanos 0 by chance is impossible.

@@ -21,10 +21,6 @@ using apapo::v1::WorkerMessage;
 // How long Stop() waits for cancelled streams to end.
 constexpr absl::Duration kCancelGrace = absl::Seconds(10);
 
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
 // The job a command is about ("" for Registered).
 std::string JobOf(const CoordinatorMessage& m) {
   switch (m.kind_case()) {
@@ -280,10 +276,10 @@ class FleetSimulator::Worker final
       case CoordinatorMessage::kRegistered: {
         std::optional<absl::Duration> offset;
         if (m.registered().has_heartbeat_offset()) {
-          offset = FromProto(m.registered().heartbeat_offset());
+          offset = FromProtoDuration(m.registered().heartbeat_offset());
         }
         sim_->OnRegistered(index_, absl::Now() - begin_,
-                           FromProto(m.registered().heartbeat_interval()), offset);
+                           FromProtoDuration(m.registered().heartbeat_interval()), offset);
         return;
       }
       case CoordinatorMessage::kProfile: {

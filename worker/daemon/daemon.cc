@@ -388,18 +388,16 @@ void WorkerDaemon::RunSession() {
   // PERMISSION_DENIED for a certificate of another worker).
   bool open = stream->Write(hello) && stream->Read(&reply);
   if (open && reply.has_registered()) {
-    // Saturating, whatever the coordinator sent (TimeUtil's conversion
-    // overflows on a huge Duration). The offset is folded into the interval.
+    // Saturating, whatever the coordinator sent. The offset is folded into
+    // the interval.
     const auto& registered = reply.registered();
-    absl::Duration interval = absl::Seconds(registered.heartbeat_interval().seconds()) +
-                              absl::Nanoseconds(registered.heartbeat_interval().nanos());
+    absl::Duration interval = FromProtoDuration(registered.heartbeat_interval());
     if (interval <= absl::ZeroDuration() || interval == absl::InfiniteDuration()) {
       interval = absl::Seconds(2);
     }
     std::optional<absl::Duration> offset;
     if (registered.has_heartbeat_offset()) {
-      offset = absl::Seconds(registered.heartbeat_offset().seconds()) +
-               absl::Nanoseconds(registered.heartbeat_offset().nanos());
+      offset = FromProtoDuration(registered.heartbeat_offset());
     }
     std::cerr << "apapo-worker: registered as " << reply.registered().worker_id()
               << " with " << options_.coordinator << "\n";
