@@ -376,6 +376,10 @@ void ValidateScheduleAndResources(Problems& p, const JobSpec& spec) {
   }
   CheckRange(p, "spec.schedule.stages", s.stages(), 0, kMaxWorkers);
   CheckRange(p, "spec.schedule.replicas", s.replicas(), 0, kMaxWorkers);
+  if (!apapo::v1::TransferPrecision_IsValid(s.transfer_precision())) {
+    p.Add("spec.schedule.transfer_precision", "unknown value ",
+          s.transfer_precision());
+  }
   if (s.kind() == apapo::v1::SCHEDULE_KIND_DATA_PARALLEL && s.stages() > 1) {
     p.Add("spec.schedule.stages",
           "data parallelism runs one stage, got ", s.stages());

@@ -262,6 +262,19 @@ TEST(SpecValidatorTest, ABatchNoWorkerCanHoldIsRefusedWithTheSizeItNeeds) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
+TEST(SpecValidatorTest, AnUnknownTransferPrecisionIsRefusedNamingTheField) {
+  JobSpec spec = Valid();
+  spec.mutable_schedule()->set_transfer_precision(
+      apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_schedule()->set_transfer_precision(
+      static_cast<apapo::v1::TransferPrecision>(7));
+  absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec.schedule.transfer_precision: unknown value 7"));
+}
+
 TEST(SpecValidatorTest, NumbersPastTheirUpperBoundsAreRefusedNamingTheField) {
   JobSpec spec = Valid();
   spec.mutable_resources()->set_workers(20000);

@@ -93,6 +93,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
       spec.schedule().has_micro_batches() ? spec.schedule().micro_batches() : 0;
   options.batch_size = spec.data().batch_size();
   options.max_in_flight = MaxInFlight(spec);
+  options.activation_compression_ratio =
+      TransferCompressionRatio(spec.schedule().transfer_precision());
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
@@ -235,6 +237,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
     }
   }
   if (!fewer_note.empty()) out.add_notes(fewer_note);
+  out.set_transfer_precision(spec.schedule().transfer_precision());
+  if (options.activation_compression_ratio != 1) {
+    out.add_notes(
+        "activations and gradients cross the cuts in bfloat16: the links "
+        "are charged half the profile's bytes");
+  }
   if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
     out.add_notes("schedule auto: async 1F1B with weight stashing");
   }

@@ -13,6 +13,7 @@
 #include "partitioner/plan_proto.h"
 #include "partitioner/simulator.h"
 #include "planning/network_levels.h"
+#include "planning/stage_plan.h"
 #include "schedule/span_kind.h"
 
 namespace apapo::planning {
@@ -95,12 +96,14 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     st.in_flight_depth = stage.in_flight_depth();
     p.stages.push_back(std::move(st));
   }
+  // The bytes that cross the wire (plan.transfer_precision).
+  const double compression = TransferCompressionRatio(plan.transfer_precision());
   for (int v = 0; v < graph->num_nodes(); ++v) {
     if (stage_of[v] < 0) continue;
     for (int w : graph->successors(v)) {
       if (stage_of[w] > stage_of[v]) {
         p.stages[stage_of[v]].output_bytes +=
-            graph->node(v).activation_bytes * per_micro;
+            graph->node(v).activation_bytes * per_micro / compression;
         break;
       }
     }

@@ -96,6 +96,27 @@ TEST(SimulatedTraceTest, TheMeasuredCopiesLengthenEveryStagesPasses) {
   }
 }
 
+TEST(SimulatedTraceTest, BFloat16TransfersCopyHalfTheBytes) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  r.mutable_plan()->set_transfer_precision(apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+  auto* link = r.mutable_cluster()->add_links();
+  link->set_from_worker("w-1");
+  link->set_to_worker("w-2");
+  link->set_bandwidth_bytes_per_second(1e9);
+  link->set_cpu_seconds_per_byte(1e-6);
+  auto traces = SimulatedTrace(r, 3);
+  ASSERT_TRUE(traces.ok()) << traces.status();
+  // 250 B per micro-batch on the wire (500 in float32): 0.25 ms a pass.
+  int checked = 0;
+  for (const auto& span : (*traces)[0].spans()) {
+    if (span.kind() == apapo::v1::SPAN_KIND_FORWARD) {
+      EXPECT_EQ(span.duration_ns(), 1250000);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * 2);
+}
+
 TEST(SimulatedTraceTest, PlanOfAnotherModelIsFailedPrecondition) {
   apapo::v1::GetPlanResponse r = TwoStages();
   r.mutable_plan()->mutable_stages(1)->set_node_ids(0, "zzz");

@@ -130,4 +130,8 @@ bool WeightPredictionRequested(const apapo::v1::JobSpec& spec) {
          spec.schedule().weight_prediction();
 }
 
+double TransferCompressionRatio(apapo::v1::TransferPrecision precision) {
+  return precision == apapo::v1::TRANSFER_PRECISION_BFLOAT16 ? 2.0 : 1.0;
+}
+
 }  // namespace apapo::planning

@@ -67,6 +67,11 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
 // weight_prediction; unset: yes). Other schedules never do.
 bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
 
+// How many times fewer bytes than the profile's float32 activations cross a
+// cut in `precision`: 2 for BFLOAT16, 1 otherwise (the partitioner's
+// activation compression ratio).
+double TransferCompressionRatio(apapo::v1::TransferPrecision precision);
+
 }  // namespace apapo::planning
 
 #endif  // APAPO_PLANNING_STAGE_PLAN_H_

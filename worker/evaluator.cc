@@ -12,6 +12,10 @@ namespace apapo::worker {
 
 using schedule::Op;
 
+// Evaluation measures the model as it is: its activations cross the cuts
+// exactly, whatever precision training transfers in.
+constexpr WirePrecision kEvalWire = WirePrecision::kFloat32;
+
 Evaluator::Evaluator(const StageContext* context, const Dataset* test,
                      int64_t batch_size)
     : context_(context), test_(test), batch_size_(batch_size) {}
@@ -47,7 +51,7 @@ absl::StatusOr<double> Evaluator::Evaluate(
       case Op::kRecvActivations: {
         const int src = c.RankOf(c.stage - 1, op.peer);
         absl::Status st = c.transport->ExpectRecv(
-            src, tag, BundleBytes(c.layout->inputs, eb));
+            src, tag, BundleBytes(c.layout->inputs, eb, kEvalWire));
         if (!st.ok()) return c.Fail("posting eval receives", st);
         sources[b] = src;
         break;
@@ -62,7 +66,7 @@ absl::StatusOr<double> Evaluator::Evaluate(
           if (!bytes.ok()) {
             return c.Fail("receiving eval activations", bytes.status());
           }
-          auto unpacked = UnpackBundle(*bytes, c.layout->inputs, eb);
+          auto unpacked = UnpackBundle(*bytes, c.layout->inputs, eb, kEvalWire);
           if (!unpacked.ok()) {
             return c.Fail("unpacking eval activations", unpacked.status());
           }
@@ -76,7 +80,7 @@ absl::StatusOr<double> Evaluator::Evaluate(
           correct += k;
           counted += m;
         } else {
-          outputs[b] = PackBundle(fwd->outputs);
+          outputs[b] = PackBundle(fwd->outputs, kEvalWire);
         }
         break;
       }

@@ -73,7 +73,8 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            const apapo::v1::OptimizerSpec& spec, int64_t steps,
                            bool record, apapo::v1::CheckpointSpec checkpoint,
                            bool weight_prediction,
-                           const std::vector<std::pair<std::string, int>>& splits) {
+                           const std::vector<std::pair<std::string, int>>& splits,
+                           apapo::v1::TransferPrecision transfer) {
   // The job: the fixture's graph and data, its plan: the balanced cut.
   apapo::v1::JobSpec job;
   job.set_name("harness");
@@ -87,6 +88,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   job.mutable_limits()->set_max_steps(steps);
   *job.mutable_checkpoint() = checkpoint;
   job.mutable_schedule()->set_weight_prediction(weight_prediction);
+  job.mutable_schedule()->set_transfer_precision(transfer);
   if (sched.max_in_flight > 0) {
     job.mutable_schedule()->set_max_staleness(sched.max_in_flight - 1);
   }

@@ -67,7 +67,9 @@ PipelineResult RunPipeline(
     const Fixture& f, schedule::ScheduleOptions sched,
     const apapo::v1::OptimizerSpec& spec, int64_t steps, bool record = false,
     apapo::v1::CheckpointSpec checkpoint = {}, bool weight_prediction = false,
-    const std::vector<std::pair<std::string, int>>& splits = {});
+    const std::vector<std::pair<std::string, int>>& splits = {},
+    apapo::v1::TransferPrecision transfer =
+        apapo::v1::TRANSFER_PRECISION_UNSPECIFIED);
 
 }  // namespace pipeline_test
 }  // namespace worker

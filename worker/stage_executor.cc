@@ -130,8 +130,8 @@ struct StageExecutor::Impl {
     const int src = context.RankOf(
         activations ? context.stage - 1 : context.stage + 1, op.peer);
     const int64_t bytes =
-        activations ? BundleBytes(layout().inputs, micro_batch_size)
-                    : BundleBytes(out_grad_entries, micro_batch_size);
+        BundleBytes(activations ? layout().inputs : out_grad_entries,
+                    micro_batch_size, config.wire_precision);
     absl::Status st =
         transport()->ExpectRecv(src, MessageTag(phase, op.micro_batch), bytes);
     if (!st.ok()) return Fail("posting receives", st);
@@ -172,14 +172,14 @@ struct StageExecutor::Impl {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, " before its forward"));
       }
-      bytes = PackBundle(it->second.outputs);
+      bytes = PackBundle(it->second.outputs, config.wire_precision);
     } else {
       auto it = input_grads.find(j);
       if (it == input_grads.end()) {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, "'s gradients before its backward"));
       }
-      bytes = PackBundle(it->second);
+      bytes = PackBundle(it->second, config.wire_precision);
       input_grads.erase(it);
     }
     const int dst = context.RankOf(
@@ -206,7 +206,8 @@ struct StageExecutor::Impl {
     } else {
       auto bytes = TakeReceived(activation_sources, j, t, "activations");
       if (!bytes.ok()) return bytes.status();
-      auto unpacked = UnpackBundle(*bytes, layout().inputs, micro_batch_size);
+      auto unpacked = UnpackBundle(*bytes, layout().inputs, micro_batch_size,
+                                   config.wire_precision);
       if (!unpacked.ok()) return Fail("unpacking activations", unpacked.status());
       for (size_t i = 0; i < unpacked->size(); ++i) {
         at::Tensor leaf = (*unpacked)[i].detach();
@@ -266,7 +267,8 @@ struct StageExecutor::Impl {
     } else {
       auto bytes = TakeReceived(gradient_sources, j, t, "gradients");
       if (!bytes.ok()) return bytes.status();
-      auto grads = UnpackBundle(*bytes, out_grad_entries, micro_batch_size);
+      auto grads = UnpackBundle(*bytes, out_grad_entries, micro_batch_size,
+                                config.wire_precision);
       if (!grads.ok()) return Fail("unpacking gradients", grads.status());
       size_t g = 0;
       for (size_t i = 0; i < layout().outputs.size(); ++i) {

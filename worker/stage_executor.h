@@ -120,6 +120,9 @@ struct ExecutorConfig {
   // Async only: forward and backward run on weights predicted `delay`
   // updates ahead (see ScheduleSpec.weight_prediction in job.proto).
   bool weight_prediction = false;
+  // The precision activations and their gradients cross the cuts in
+  // (ScheduleSpec.transfer_precision); evaluation always sends float32.
+  WirePrecision wire_precision = WirePrecision::kFloat32;
   LimitOptions limits;
   EvaluationOptions evaluation;
   CheckpointOptions checkpoint;

@@ -198,6 +198,42 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// Activations and gradients sent in bfloat16: the same training to within
+// the rounding, and half the float bytes on the wire (the labels, int64,
+// travel exactly beside the activations).
+TEST(TransferPrecisionTest, BFloat16SendsHalfTheFloatBytesAndTrainsAlike) {
+  Fixture f = MakeFixture();
+  const apapo::v1::OptimizerSpec spec = Sgd();
+  constexpr int64_t kSteps = 6;
+  auto reference = TrainSingleProcess(f, spec, kSteps);
+  schedule::ScheduleOptions sched;
+  sched.kind = ScheduleKind::kGPipe;  // synchronous: comparable step for step
+  sched.num_stages = 2;
+  sched.micro_batches_per_iteration = 4;
+  PipelineResult exact = RunPipeline(f, sched, spec, kSteps);
+  PipelineResult half = RunPipeline(f, sched, spec, kSteps, false, {}, false, {},
+                                    apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+  for (const auto& s : exact.statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const auto& s : half.statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(half.reports.size(), 2u);
+  // Stage 0 sends its output's floats and each sample's int64 label (8
+  // bytes); stage 1 sends back the floats' gradients.
+  const int64_t labels = 8 * kSteps * pipeline_test::kBatch;
+  EXPECT_EQ(exact.reports[0].bytes_sent - labels, exact.reports[1].bytes_sent);
+  EXPECT_EQ(half.reports[0].bytes_sent - labels, half.reports[1].bytes_sent);
+  EXPECT_EQ(half.reports[1].bytes_sent * 2, exact.reports[1].bytes_sent);
+  EXPECT_GT(half.reports[1].bytes_sent, 0);
+  double largest = 0;
+  for (const auto& [name, want] : reference) {
+    ASSERT_TRUE(half.params.count(name)) << name;
+    const double diff = (half.params[name] - want).abs().max().item<double>();
+    EXPECT_LE(diff, 5e-3) << name;
+    largest = std::max(largest, diff);
+    EXPECT_LE((exact.params[name] - want).abs().max().item<double>(), 1e-5) << name;
+  }
+  EXPECT_GT(largest, 1e-6) << "the rounding reached the weights";
+}
+
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.

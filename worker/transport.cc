@@ -510,21 +510,44 @@ absl::Status PutToStore(const std::string& host, int port,
   return absl::OkStatus();
 }
 
-int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch) {
+WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec) {
+  return spec.schedule().transfer_precision() ==
+                 apapo::v1::TRANSFER_PRECISION_BFLOAT16
+             ? WirePrecision::kBFloat16
+             : WirePrecision::kFloat32;
+}
+
+namespace {
+
+// Bytes one element of `dtype` takes on the wire.
+int64_t WireElementSize(DType dtype, WirePrecision wire) {
+  if (dtype == DType::kFloat32 && wire == WirePrecision::kBFloat16) return 2;
+  return ElementSize(dtype);
+}
+
+}  // namespace
+
+int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch,
+                    WirePrecision wire) {
   int64_t total = 0;
   for (const BundleEntry& e : entries) {
     int64_t n = batch;
     for (int64_t d : e.sample_shape) n *= d;
-    total += Align8(n * ElementSize(e.dtype));
+    total += Align8(n * WireElementSize(e.dtype, wire));
   }
   return total;
 }
 
-at::Tensor PackBundle(const std::vector<at::Tensor>& tensors) {
+at::Tensor PackBundle(const std::vector<at::Tensor>& tensors,
+                      WirePrecision wire) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
   for (const auto& t : tensors) {
-    at::Tensor bytes = t.detach().contiguous().view({-1}).view(torch::kUInt8);
+    at::Tensor v = t.detach();
+    if (wire == WirePrecision::kBFloat16 && v.scalar_type() == torch::kFloat) {
+      v = v.to(torch::kBFloat16);
+    }
+    at::Tensor bytes = v.contiguous().view({-1}).view(torch::kUInt8);
     parts.push_back(bytes);
     const int64_t pad = Align8(bytes.numel()) - bytes.numel();
     if (pad > 0) parts.push_back(torch::zeros({pad}, torch::kUInt8));
@@ -535,8 +558,8 @@ at::Tensor PackBundle(const std::vector<at::Tensor>& tensors) {
 
 absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
     const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
-    int64_t batch) {
-  const int64_t want = BundleBytes(entries, batch);
+    int64_t batch, WirePrecision wire) {
+  const int64_t want = BundleBytes(entries, batch, wire);
   if (bytes.numel() != want) {
     return absl::InternalError(absl::StrCat("bundle has ", bytes.numel(),
                                             " bytes, expected ", want));
@@ -548,11 +571,16 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
     shape.insert(shape.end(), e.sample_shape.begin(), e.sample_shape.end());
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    const int64_t nbytes = n * ElementSize(e.dtype);
-    at::Tensor t = bytes.narrow(0, offset, nbytes)
-                       .view(e.dtype == DType::kInt64 ? torch::kLong
-                                                      : torch::kFloat)
-                       .view(shape);
+    const int64_t nbytes = n * WireElementSize(e.dtype, wire);
+    at::Tensor raw = bytes.narrow(0, offset, nbytes);
+    at::Tensor t;
+    if (e.dtype == DType::kInt64) {
+      t = raw.view(torch::kLong).view(shape);
+    } else if (wire == WirePrecision::kBFloat16) {
+      t = raw.view(torch::kBFloat16).view(shape).to(torch::kFloat);
+    } else {
+      t = raw.view(torch::kFloat).view(shape);
+    }
     out.push_back(t);
     offset += Align8(nbytes);
   }

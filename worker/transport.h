@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/apapo/v1/job.pb.h"
 #include "worker/model_graph.h"
 
 namespace apapo {
@@ -135,14 +136,26 @@ absl::Status PutToStore(const std::string& host, int port,
 
 // ---- bundles: the tensors that cross a cut, packed as one message ----
 
-// Bytes of one bundle of `entries` for `batch` samples.
-int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch);
-// Packs tensors (any dtypes) into one contiguous kUInt8 tensor.
-at::Tensor PackBundle(const std::vector<at::Tensor>& tensors);
-// Views `bytes` as the bundle's tensors (no copy; the views share `bytes`).
+// The precision float32 tensors travel in (ScheduleSpec.transfer_precision).
+// Integer tensors (labels, token ids) always travel exactly.
+enum class WirePrecision { kFloat32, kBFloat16 };
+
+// The job's choice (UNSPECIFIED and FLOAT32: kFloat32).
+WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec);
+
+// Bytes of one bundle of `entries` for `batch` samples sent in `wire`.
+int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch,
+                    WirePrecision wire);
+// Packs tensors (float32 or int64) into one contiguous kUInt8 tensor, the
+// float32 ones rounded to `wire` (to nearest even).
+at::Tensor PackBundle(const std::vector<at::Tensor>& tensors,
+                      WirePrecision wire);
+// The bundle's tensors, float32 entries as float32 whatever `wire` was:
+// views of `bytes` where nothing was rounded (kFloat32, and int64
+// entries), widened copies otherwise.
 absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
     const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
-    int64_t batch);
+    int64_t batch, WirePrecision wire);
 
 }  // namespace worker
 }  // namespace apapo

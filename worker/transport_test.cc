@@ -43,13 +43,56 @@ TEST(BundleTest, PackUnpackRoundTripsMixedDtypes) {
       {"labels", {}, DType::kInt64}};
   at::Tensor a = torch::arange(9, torch::kFloat).view({3, 3});
   at::Tensor y = torch::tensor({7, 8, 9}, torch::kLong);
-  at::Tensor bytes = PackBundle({a, y});
-  EXPECT_EQ(bytes.numel(), BundleBytes(entries, 3));
-  auto back = UnpackBundle(bytes, entries, 3);
+  at::Tensor bytes = PackBundle({a, y}, WirePrecision::kFloat32);
+  EXPECT_EQ(bytes.numel(), BundleBytes(entries, 3, WirePrecision::kFloat32));
+  auto back = UnpackBundle(bytes, entries, 3, WirePrecision::kFloat32);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(torch::equal((*back)[0], a));
   EXPECT_TRUE(torch::equal((*back)[1], y));
-  EXPECT_FALSE(UnpackBundle(bytes, entries, 4).ok());
+  EXPECT_FALSE(UnpackBundle(bytes, entries, 4, WirePrecision::kFloat32).ok());
+}
+
+TEST(BundleTest, BFloat16HalvesTheFloatBytesAndKeepsIntegersExact) {
+  std::vector<BundleEntry> entries = {
+      {"h", {256}, DType::kFloat32}, {"labels", {}, DType::kInt64}};
+  const int64_t batch = 64;
+  torch::manual_seed(3);
+  // Values across float32's range, beyond float16's 65504.
+  at::Tensor h = torch::randn({batch, 256}) *
+                 torch::pow(10.0, torch::randint(-20, 20, {batch, 1}).to(torch::kFloat));
+  // Token ids past 2^24 would not survive a float of any width.
+  at::Tensor y = torch::arange(batch, torch::kLong) + (int64_t{1} << 40);
+  const int64_t full = BundleBytes(entries, batch, WirePrecision::kFloat32);
+  const int64_t half = BundleBytes(entries, batch, WirePrecision::kBFloat16);
+  EXPECT_EQ(full, batch * 256 * 4 + batch * 8);
+  EXPECT_EQ(half, batch * 256 * 2 + batch * 8);
+
+  at::Tensor bytes = PackBundle({h, y}, WirePrecision::kBFloat16);
+  EXPECT_EQ(bytes.numel(), half);
+  auto back = UnpackBundle(bytes, entries, batch, WirePrecision::kBFloat16);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ((*back)[0].scalar_type(), torch::kFloat);
+  EXPECT_EQ((*back)[0].sizes(), h.sizes());
+  // One rounding to nearest with 8 significant bits: relative error at
+  // most half a unit in the last place, 2^-8.
+  at::Tensor rel = ((*back)[0] - h).abs() / h.abs().clamp_min(1e-30);
+  EXPECT_LE(rel.max().item<float>(), 1.0f / 256) << "bfloat16 rounds to nearest";
+  EXPECT_GT(rel.max().item<float>(), 0.0f) << "the values did travel rounded";
+  EXPECT_TRUE(torch::isfinite((*back)[0]).all().item<bool>());
+  EXPECT_TRUE(torch::equal((*back)[1], y));
+  // A bundle packed in one precision does not unpack as the other.
+  EXPECT_FALSE(UnpackBundle(bytes, entries, batch, WirePrecision::kFloat32).ok());
+}
+
+TEST(BundleTest, WirePrecisionFollowsTheSpec) {
+  apapo::v1::JobSpec spec;
+  EXPECT_EQ(WirePrecisionFor(spec), WirePrecision::kFloat32);
+  spec.mutable_schedule()->set_transfer_precision(
+      apapo::v1::TRANSFER_PRECISION_FLOAT32);
+  EXPECT_EQ(WirePrecisionFor(spec), WirePrecision::kFloat32);
+  spec.mutable_schedule()->set_transfer_precision(
+      apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+  EXPECT_EQ(WirePrecisionFor(spec), WirePrecision::kBFloat16);
 }
 
 TEST(GlooTransportTest, SendRecvAndAllReduceBetweenTwoRanks) {

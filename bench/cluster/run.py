@@ -29,6 +29,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   replicas2  ours, data parallelism forced (1 stage x 2 replicas;
              replicasN: N replicas, e.g. replicas4 with --layout=2x2)
   ddp        PyTorch DDP, Gloo, rank per host
+  ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
+             gradients crossing the link in bfloat16 (transfer_precision)
 Rounds are interleaved (links, and rows within a link, reversed every
 other round) because this machine's speed drifts; the table gives medians
 and per-round ratios. Every ours row reports the plan's predicted samples/s
@@ -65,6 +67,7 @@ LAYOUTS = {"2x1": 1, "2x2": 2}  # workers per host, on two hosts
 
 
 def is_ours(row):
+    row = row[:-len(rt.BF16_SUFFIX)] if row.endswith(rt.BF16_SUFFIX) else row
     return row in ("auto", "async") or row.startswith("replicas")
 
 
@@ -180,12 +183,16 @@ def summarize(results, models, links, rows):
                     "x_single": ratio(None, "single"),
                     "x_ddp": ratio(link, "ddp"),
                     "x_unshaped": ratio("unshaped", row) if link != "unshaped" else [],
+                    # A bf16 row against the float32 row's unshaped rate.
+                    "x_unshaped_float32": (ratio("unshaped", row[:-len(rt.BF16_SUFFIX)])
+                                           if row.endswith(rt.BF16_SUFFIX) else []),
                     "prediction_error": errs,
                     "plans": [x.get("plan") for _, x in ok],
                     "link_mb_per_s": [measured_link(x) for _, x in ok],
                     "failures": [x.get("error") for _, x in runs if x and "error" in x],
                 }
-                for k in ("x_single", "x_ddp", "x_unshaped", "prediction_error"):
+                for k in ("x_single", "x_ddp", "x_unshaped", "x_unshaped_float32",
+                          "prediction_error"):
                     cell["median_" + k] = statistics.median(cell[k]) if cell[k] else None
                 t[row] = cell
     return table
@@ -232,9 +239,11 @@ def inner(a):
     links = a.links.split(",")
     rows = a.rows.split(",")
     bad_rows = [r for r in rows if r not in ROWS and not (
-        r.startswith("replicas") and r[len("replicas"):].isdigit())]
+        r.startswith("replicas") and r[len("replicas"):].isdigit()) and not (
+        r.endswith(rt.BF16_SUFFIX) and is_ours(r))]
     if bad_rows:
-        sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN)")
+        sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN; "
+                 f"ours with {rt.BF16_SUFFIX}: activations and gradients in bfloat16)")
     if a.layout not in LAYOUTS:
         sys.exit(f"--layout: {a.layout!r} is not one of {', '.join(LAYOUTS)}")
     per_host = LAYOUTS[a.layout]

@@ -61,6 +61,7 @@ ROWS = ["single", "auto", "auto_base", "async", "async_base", "async_nowp", "asy
 # Rows served by the build given as --baseline_bin (the code before a change),
 # in the same rounds as their counterparts: "<row>_base" runs <row> there.
 BASE_SUFFIX = "_base"
+BF16_SUFFIX = "_bf16"
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
@@ -121,8 +122,14 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec.resources.workers = workers
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
+    # ROW_bf16: ROW with activations and gradients sent in bfloat16.
+    name = row
+    bf16 = row.endswith(BF16_SUFFIX)
+    row = row[:-len(BF16_SUFFIX)] if bf16 else row
     s = spec.schedule
     s.Clear()
+    if bf16:
+        s.transfer_precision = plan_pb2.TRANSFER_PRECISION_BFLOAT16
     if row == "single":
         # Plain training of the whole mini-batch in one process.
         s.kind, s.stages, s.micro_batches = plan_pb2.SCHEDULE_KIND_GPIPE, 1, 1
@@ -152,8 +159,8 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
         # of the mini-batch (replicas2: 64 samples of the 128).
         s.kind = plan_pb2.SCHEDULE_KIND_DATA_PARALLEL
         s.stages, s.replicas = 1, int(row[len("replicas"):])
-    spec.name = f"bench-{model}-{row}"
-    path = os.path.join(workdir, f"{model}-{row}-{max_steps}.textproto")
+    spec.name = f"bench-{model}-{name}"
+    path = os.path.join(workdir, f"{model}-{name}-{max_steps}.textproto")
     with open(path, "w") as f:
         f.write(text_format.MessageToString(spec))
     return spec, path
