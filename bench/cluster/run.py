@@ -57,6 +57,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench", "runtime"))
 import run as rt  # noqa: E402  (bench/runtime/run.py: processes, specs, Cluster)
+from google.protobuf import text_format  # noqa: E402
+from proto.apapo.v1 import job_pb2  # noqa: E402
 
 LAB = os.path.join(ROOT, "deploy", "cluster-lab.sh")
 PREFIX = "apb"
@@ -244,6 +246,17 @@ def inner(a):
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN; "
                  f"ours with {rt.BF16_SUFFIX}: activations and gradients in bfloat16)")
+    try:
+        text_format.Merge(a.schedule, job_pb2.ScheduleSpec())
+    except text_format.ParseError as e:
+        sys.exit(f"--schedule: {e}")
+    rt.SCHEDULE_EXTRA = a.schedule
+    accuracy = [tuple(item.split(":")) for item in filter(None, a.accuracy.split(","))]
+    bad_acc = [":".join(x) for x in accuracy
+               if len(x) != 3 or x[0] not in rt.SPECS or not is_ours(x[2])
+               or (x[1] != "unshaped" and not x[1].endswith("bit"))]
+    if bad_acc:
+        sys.exit(f"--accuracy: {bad_acc} is not MODEL:LINK:ROW with one of our rows")
     if a.layout not in LAYOUTS:
         sys.exit(f"--layout: {a.layout!r} is not one of {', '.join(LAYOUTS)}")
     per_host = LAYOUTS[a.layout]
@@ -279,7 +292,7 @@ def inner(a):
         text = rt.prepare_text(models, workdir)
         results["corpus"] = text
         text_path = text["path"] if text else ""
-        if any(is_ours(r) for r in rows):
+        if any(is_ours(r) for r in rows) or accuracy:
             # --insecure: the lab's hosts are namespaces of this machine only.
             cluster = rt.Cluster(workdir, workers=workers, host=HOST[0],
                                  extra_flags=("--insecure",), text_path=text_path)
@@ -325,6 +338,21 @@ def inner(a):
                                + f"  ({time.time() - t:.0f}s)" + rt.loss_note(r))
                 results["rounds"][model].append(this)
                 save()
+        # Accuracy: full runs of --epochs, one per item, after the rounds.
+        results["accuracy"] = []
+        for model, l, row in accuracy:
+            link.set(l)
+            t = time.time()
+            r = cluster.run(model, row, 0, a.epochs, a.run_timeout_s * 3)
+            r.update(model=model, link=l, row=row, epochs=a.epochs)
+            results["accuracy"].append(r)
+            acc = r.get("final_test_accuracy")
+            rt.log(f"accuracy {model} {l} {row}: "
+                   + (f"{100 * acc:.2f}% after {a.epochs} epochs at "
+                      f"{r['samples_per_s']:.0f} samples/s  [{r.get('plan')}]"
+                      if acc is not None else f"FAILED {r.get('error', '')[:300]}")
+                   + f"  ({time.time() - t:.0f}s)")
+            save()
     finally:
         if cluster:
             cluster.close()
@@ -362,6 +390,14 @@ def main():
                          "where one step takes seconds")
     ap.add_argument("--dp_steps", type=int, default=10)
     ap.add_argument("--run_timeout_s", type=float, default=600)
+    ap.add_argument("--accuracy", default="",
+                    help="MODEL:LINK:ROW,... after the rounds, one full run of each of "
+                         "ours for --epochs on that link, its final test accuracy "
+                         "reported (e.g. mlp:100mbit:auto,mlp:100mbit:auto_bf16)")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of --accuracy runs")
+    ap.add_argument("--schedule", default="",
+                    help="ScheduleSpec fields in text format set in every job of ours, "
+                         "e.g. \"max_staleness: 1\"")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--root_netns", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -56,22 +56,28 @@ TEXT_MODELS = ("transformer_lm",)
 # The daemons' default --data_roots (worker/main.cc, coordinator/main.cc).
 DEFAULT_DATA_ROOTS = ("/usr/share/datasets", "/var/lib/apapo")
 FASHION_TRAIN_SAMPLES = 60000
-ROWS = ["single", "auto", "auto_base", "async", "async_base", "async_nowp", "async_local",
-        "1f1b_flush", "gpipe", "replicas2", "ddp", "pipe"]
+ROWS = ["single", "auto", "auto_base", "auto_bf16", "async", "async_base", "async_bf16",
+        "async_nowp", "async_local", "1f1b_flush", "gpipe", "replicas2", "ddp", "pipe"]
 # Rows served by the build given as --baseline_bin (the code before a change),
 # in the same rounds as their counterparts: "<row>_base" runs <row> there.
 BASE_SUFFIX = "_base"
+# ScheduleSpec fields (text format) merged into every row's schedule but
+# single's (bench/cluster's --schedule), e.g. "max_staleness: 1".
+SCHEDULE_EXTRA = ""
+# "<row>_bf16": <row> with activations and gradients sent in bfloat16.
 BF16_SUFFIX = "_bf16"
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
 CLUSTER_ROWS = ("auto", "async", "async_nowp", "1f1b_flush", "gpipe", "replicas2",
-                "auto_base", "async_base")
+                "auto_base", "async_base", "auto_bf16", "async_bf16")
 LABELS = {
     "single": "single process, 1 core (apapo-worker --local=1)",
     "auto": "ours, planner's choice (coordinator + 2 daemons)",
     "auto_base": "ours before the change, planner's choice (--baseline_bin)",
+    "auto_bf16": "ours, planner's choice, transfers in bfloat16",
     "async": "ours, async (coordinator, planned)",
+    "async_bf16": "ours, async, transfers in bfloat16 (coordinator, planned)",
     "async_base": "ours before the change, async (--baseline_bin)",
     "async_nowp": "ours, async without weight prediction (coordinator)",
     "async_local": "ours, async, 2 stages, whole-layer cut (--local=2)",
@@ -159,6 +165,8 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
         # of the mini-batch (replicas2: 64 samples of the 128).
         s.kind = plan_pb2.SCHEDULE_KIND_DATA_PARALLEL
         s.stages, s.replicas = 1, int(row[len("replicas"):])
+    if row != "single" and SCHEDULE_EXTRA:
+        text_format.Merge(SCHEDULE_EXTRA, s)
     spec.name = f"bench-{model}-{name}"
     path = os.path.join(workdir, f"{model}-{name}-{max_steps}.textproto")
     with open(path, "w") as f:
