@@ -107,6 +107,12 @@ struct PlannerOptions {
   // the in-flight depth.
   int micro_batches = 0;
   int max_in_flight = 0;  // see schedule::ScheduleOptions
+  // kAsync, kApapo cost model: whether a stage may keep more micro-batches
+  // in flight than NOAM's depth to hide its links' round trips (up to
+  // max_in_flight). Each one more is an update more of staleness, which
+  // costs accuracy, so the coordinator allows it only where the spec sets
+  // max_staleness; otherwise a plan note names the depth it would take.
+  bool deepen_for_links = true;
   // Exactly this many pipeline stages (0: the planner chooses). The DP then
   // keeps, per state and unit count, the best for every count up to it
   // (LevelTable::NS), and plans only with that many; a count the cuts or

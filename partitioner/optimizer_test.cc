@@ -536,6 +536,22 @@ TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
   ASSERT_TRUE(bounded.ok());
   for (const StagePlan& s : bounded->stages) EXPECT_EQ(s.in_flight_depth, 0);
   EXPECT_EQ(bounded->stages[0].staleness, 1);
+  // Bounded, stage 0's 2 micro-batches each take 0.3 + 0.3 s of compute
+  // and 0.16 s of link: 0.38 s a mini-batch, not the stage time of 0.3,
+  // and the prediction says so, as the simulator does.
+  EXPECT_NEAR(bounded->seconds_per_mini_batch, 0.38, 0.005);
+  absl::StatusOr<SimulationResult> capped =
+      Simulate(*bounded, *slow, schedule::ScheduleKind::kAsync, sim);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_NEAR(capped->mini_batches_per_second, bounded->mini_batches_per_second,
+              0.05 * bounded->mini_batches_per_second);
+  noted = false;
+  for (const std::string& note : bounded->notes) {
+    noted |= absl::StrContains(note, "stage 0's 2 micro-batches in flight do not cover");
+  }
+  EXPECT_TRUE(noted) << absl::StrJoin(bounded->notes, "; ");
+  // Deep enough, the bound does not bind.
+  EXPECT_NEAR(plan->seconds_per_mini_batch, 0.3, 0.005);
 }
 
 // Two layers `first` -> `second` of the same forward and backward seconds

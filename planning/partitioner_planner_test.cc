@@ -85,8 +85,11 @@ TEST(PartitionerPlannerTest, BFloat16TransfersHalveTheBytesTheLinkIsCharged) {
   PartitionerPlanner planner;
   // 10 MB/s: the 1 MB of activations crossing the middle cut take ~0.1 s
   // a mini-batch each way, more than either half computes (0.06 s); in
-  // bfloat16 ~0.05 s, hidden behind the compute.
+  // bfloat16 ~0.05 s, hidden behind the compute. The staleness allowed
+  // lets stage 0 keep enough micro-batches in flight to cover the round
+  // trips either way.
   apapo::v1::JobSpec spec = Spec();
+  spec.mutable_schedule()->set_max_staleness(7);
   auto exact = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
   ASSERT_TRUE(exact.ok()) << exact.status();
   spec.mutable_schedule()->set_transfer_precision(
@@ -188,7 +191,9 @@ TEST(PartitionerPlannerTest, SplitsWideLayersWhenThatBalancesStages) {
   PartitionerPlanner planner;
   auto spec = Spec();
   spec.mutable_schedule()->clear_micro_batches();
-  auto plan = planner.MakePlan(spec, UnbalancedMlpProfile(), TwoWorkers(1e8));
+  // 1 GB/s: the cut's round trip (2 ms) stays well inside the cycle of
+  // two micro-batches in flight.
+  auto plan = planner.MakePlan(spec, UnbalancedMlpProfile(), TwoWorkers(1e9));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->stages_size(), 2) << plan->DebugString();
   ASSERT_GT(plan->splits_size(), 0) << plan->DebugString();

@@ -159,17 +159,19 @@ class ClusterLabTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
-    def test_on_a_slow_link_the_first_stage_keeps_more_in_flight(self):
+    def test_on_a_slow_link_the_first_stage_keeps_more_in_flight_when_allowed(self):
         # 100 Mbit/s between the hosts. The mlp 4096 wide cut in two sends
         # 2 MB of activations each way per mini-batch: ~160 ms there and
         # ~160 back (the link is full duplex: both ways at once), against
         # ~250 ms of compute per stage on this machine on a fast day (the
         # 2048-wide mlp is then not worth cutting at this rate: its whole
         # step takes less than the round trip). At PipeDream's depth (2 in
-        # flight on stage 0) stage 0 would wait for that round trip: the
-        # plan keeps ceil(round trip / period - 0.05) more in flight, 1 or
-        # 2 by the machine's speed that day, and its gradients are that
-        # many updates staler.
+        # flight on stage 0) stage 0 waits for that round trip; keeping
+        # ceil(round trip / period - 0.05) more in flight (1 or 2 by the
+        # machine's speed that day) hides it, at that many updates more of
+        # staleness. A spec without max_staleness keeps the default depth
+        # and the plan names the one that would hide the link; a spec with
+        # max_staleness: 3 gets it.
         self.lab("down")
         self.lab("up", "--hosts=2", "--racks=2", "--rack-rate=10gbit",
                  "--cross-rate=100mbit")
@@ -178,39 +180,55 @@ class ClusterLabTest(unittest.TestCase):
                                "mlp_fashion_mnist.textproto")) as f:
             spec_text = f.read()
         self.assertIn("limits { epochs: 3 }", spec_text)
-        spec = os.path.join(t.temp_dir("lab-"), "mlp.textproto")
-        with open(spec, "w") as f:
-            # The planner's own choice of stages (the spec forces 2).
-            f.write(spec_text.replace("limits { epochs: 3 }", "limits { max_steps: 60 }")
-                    .replace("kind: SCHEDULE_KIND_ASYNC stages: 2", "kind: SCHEDULE_KIND_ASYNC")
-                    .replace('model { builtin { name: "mlp" } }',
-                             'model { builtin { name: "mlp" hyper_parameters '
-                             '{ key: "hidden" value { i: 4096 } } } }'))
-        r = subprocess.run(self.on(1, ctl + ["submit", spec, "--watch"]),
-                           capture_output=True, text=True, timeout=900)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertRegex(r.stdout, r"job-000001 succeeded")
-        r = subprocess.run(self.on(1, ctl + ["plan", "job-000001"]),
-                           capture_output=True, text=True, timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr)
         number = r"([\d.]+(?:e[+-]\d+)?)"  # printed with 3 significant digits
-        note = re.search(r"note: stage 0 keeps (\d+) micro-batches in flight "
-                         rf"\(default 2\) to cover {number} ms of transfers there and "
-                         rf"back per micro-batch \(period {number} ms\)", r.stdout)
-        self.assertIsNotNone(note, r.stdout)
-        depth, round_trip, period = int(note[1]), float(note[2]), float(note[3])
-        # 2 MB each way at the ~12.5 MB/s the profiler measures.
-        self.assertGreater(round_trip, 250, r.stdout)
-        # 2 + ceil(round trip / period - 0.05), from the rounded figures.
-        self.assertIn(depth, {2 + math.ceil(round_trip * f / period - 0.05)
-                              for f in (0.99, 1.0, 1.01)}, r.stdout)
-        self.assertGreaterEqual(depth, 3, r.stdout)
-        self.assertRegex(r.stdout, r"2 stage\(s\) on 2 worker\(s\), schedule async, "
-                                   rf"1 micro-batches, in-flight {depth}\b", r.stdout)
-        r = subprocess.run(self.on(1, ctl + ["get", "job-000001"]),
-                           capture_output=True, text=True, timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertRegex(r.stdout, rf"max_staleness: {depth - 1}\b", r.stdout)
+        depths = {}
+        for job, (schedule, steps) in enumerate(
+                (("kind: SCHEDULE_KIND_ASYNC", 20),
+                 ("kind: SCHEDULE_KIND_ASYNC max_staleness: 3", 60)), start=1):
+            spec = os.path.join(t.temp_dir("lab-"), "mlp.textproto")
+            with open(spec, "w") as f:
+                # The planner's own choice of stages (the spec forces 2).
+                f.write(spec_text.replace("limits { epochs: 3 }",
+                                          f"limits {{ max_steps: {steps} }}")
+                        .replace("kind: SCHEDULE_KIND_ASYNC stages: 2", schedule)
+                        .replace('model { builtin { name: "mlp" } }',
+                                 'model { builtin { name: "mlp" hyper_parameters '
+                                 '{ key: "hidden" value { i: 4096 } } } }'))
+            r = subprocess.run(self.on(1, ctl + ["submit", spec, "--watch"]),
+                               capture_output=True, text=True, timeout=900)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertRegex(r.stdout, rf"job-00000{job} succeeded")
+            r = subprocess.run(self.on(1, ctl + ["plan", f"job-00000{job}"]),
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            verb = "would need" if job == 1 else "keeps"
+            note = re.search(rf"note: stage 0 {verb} (\d+) micro-batches in flight "
+                             rf"\(default 2\) to cover {number} ms of transfers there and "
+                             rf"back per micro-batch \(period {number} ms\)", r.stdout)
+            self.assertIsNotNone(note, r.stdout)
+            depth, round_trip, period = int(note[1]), float(note[2]), float(note[3])
+            # 2 MB each way at the ~12.5 MB/s the profiler measures.
+            self.assertGreater(round_trip, 250, r.stdout)
+            # 2 + ceil(round trip / period - 0.05), from the rounded figures.
+            self.assertIn(depth, {2 + math.ceil(round_trip * f / period - 0.05)
+                                  for f in (0.99, 1.0, 1.01)}, r.stdout)
+            self.assertGreaterEqual(depth, 3, r.stdout)
+            if job == 1:
+                self.assertIn(f"schedule.max_staleness: {depth - 1} allows it", r.stdout)
+                # Not deepened, and the prediction charges the wait.
+                self.assertRegex(r.stdout, r"in-flight 2\b", r.stdout)
+                self.assertRegex(r.stdout, r"stage 0's 2 micro-batches in flight do not "
+                                           r"cover their cycle", r.stdout)
+            else:
+                depth = min(depth, 4)  # max_staleness 3
+                self.assertRegex(r.stdout, r"2 stage\(s\) on 2 worker\(s\), schedule async, "
+                                           rf"1 micro-batches, in-flight {depth}\b", r.stdout)
+            depths[job] = depth
+            r = subprocess.run(self.on(1, ctl + ["get", f"job-00000{job}"]),
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stdout, rf"max_staleness: {1 if job == 1 else depth - 1}\b",
+                             r.stdout)
 
     def test_a_worker_whose_link_is_cut_is_replanned_around(self):
         # Three hosts in one rack: the coordinator alone on host 1, w-1 on
