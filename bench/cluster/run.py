@@ -31,6 +31,7 @@ Rows (per model and link; `single` once per round, it uses no link):
   ddp        PyTorch DDP, Gloo, rank per host
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
              gradients crossing the link in bfloat16 (transfer_precision)
+  ROW_sN     any of ours (auto_s3, auto_bf16_s3) with schedule.max_staleness N
 Rounds are interleaved (links, and rows within a link, reversed every
 other round) because this machine's speed drifts; the table gives medians
 and per-round ratios. Every ours row reports the plan's predicted samples/s
@@ -69,7 +70,7 @@ LAYOUTS = {"2x1": 1, "2x2": 2}  # workers per host, on two hosts
 
 
 def is_ours(row):
-    row = row[:-len(rt.BF16_SUFFIX)] if row.endswith(rt.BF16_SUFFIX) else row
+    row = rt.row_variant(row)[0]
     return row in ("auto", "async") or row.startswith("replicas")
 
 
@@ -185,15 +186,15 @@ def summarize(results, models, links, rows):
                     "x_single": ratio(None, "single"),
                     "x_ddp": ratio(link, "ddp"),
                     "x_unshaped": ratio("unshaped", row) if link != "unshaped" else [],
-                    # A bf16 row against the float32 row's unshaped rate.
-                    "x_unshaped_float32": (ratio("unshaped", row[:-len(rt.BF16_SUFFIX)])
-                                           if row.endswith(rt.BF16_SUFFIX) else []),
+                    # A ROW_bf16 / ROW_sN row against ROW's unshaped rate.
+                    "x_unshaped_base": (ratio("unshaped", rt.row_variant(row)[0])
+                                        if rt.row_variant(row)[0] != row else []),
                     "prediction_error": errs,
                     "plans": [x.get("plan") for _, x in ok],
                     "link_mb_per_s": [measured_link(x) for _, x in ok],
                     "failures": [x.get("error") for _, x in runs if x and "error" in x],
                 }
-                for k in ("x_single", "x_ddp", "x_unshaped", "x_unshaped_float32",
+                for k in ("x_single", "x_ddp", "x_unshaped", "x_unshaped_base",
                           "prediction_error"):
                     cell["median_" + k] = statistics.median(cell[k]) if cell[k] else None
                 t[row] = cell
@@ -242,10 +243,10 @@ def inner(a):
     rows = a.rows.split(",")
     bad_rows = [r for r in rows if r not in ROWS and not (
         r.startswith("replicas") and r[len("replicas"):].isdigit()) and not (
-        r.endswith(rt.BF16_SUFFIX) and is_ours(r))]
+        rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN; "
-                 f"ours with {rt.BF16_SUFFIX}: activations and gradients in bfloat16)")
+                 f"ours as ROW_bf16 (transfers in bfloat16), ROW_sN (max_staleness N))")
     try:
         text_format.Merge(a.schedule, job_pb2.ScheduleSpec())
     except text_format.ParseError as e:

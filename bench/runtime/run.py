@@ -64,8 +64,15 @@ BASE_SUFFIX = "_base"
 # ScheduleSpec fields (text format) merged into every row's schedule but
 # single's (bench/cluster's --schedule), e.g. "max_staleness: 1".
 SCHEDULE_EXTRA = ""
-# "<row>_bf16": <row> with activations and gradients sent in bfloat16.
+# "<row>_bf16": <row> with activations and gradients sent in bfloat16;
+# "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N.
 BF16_SUFFIX = "_bf16"
+
+
+def row_variant(row):
+    """(base row, bf16?, max_staleness or None) of ROW[_bf16][_sN]."""
+    m = re.fullmatch(r"(.*?)(_bf16)?(?:_s(\d+))?", row)
+    return m[1], bool(m[2]), (int(m[3]) if m[3] is not None else None)
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
@@ -130,12 +137,13 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     # ROW_bf16: ROW with activations and gradients sent in bfloat16.
     name = row
-    bf16 = row.endswith(BF16_SUFFIX)
-    row = row[:-len(BF16_SUFFIX)] if bf16 else row
+    row, bf16, staleness = row_variant(row)
     s = spec.schedule
     s.Clear()
     if bf16:
         s.transfer_precision = plan_pb2.TRANSFER_PRECISION_BFLOAT16
+    if staleness is not None:
+        s.max_staleness = staleness
     if row == "single":
         # Plain training of the whole mini-batch in one process.
         s.kind, s.stages, s.micro_batches = plan_pb2.SCHEDULE_KIND_GPIPE, 1, 1
