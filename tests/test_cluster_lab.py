@@ -215,10 +215,25 @@ class ClusterLabTest(unittest.TestCase):
             self.assertGreaterEqual(depth, 3, r.stdout)
             if job == 1:
                 self.assertIn(f"schedule.max_staleness: {depth - 1} allows it", r.stdout)
-                # Not deepened, and the prediction charges the wait.
+                # Not deepened, and the prediction charges the wait where
+                # stage 0's two micro-batches in flight, each away for both
+                # stages' compute and the round trip, are slower than the
+                # slower stage (m = 1, one replica each: the stage times
+                # printed are their compute).
                 self.assertRegex(r.stdout, r"in-flight 2\b", r.stdout)
-                self.assertRegex(r.stdout, r"stage 0's 2 micro-batches in flight do not "
-                                           r"cover their cycle", r.stdout)
+                stages = [float(x) for x in re.findall(
+                    r"^[01]\s+\S+ \(\d+\)\s+1\s+w-\d\s+([\d.]+)", r.stdout, re.M)]
+                self.assertEqual(len(stages), 2, r.stdout)
+                predicted = float(re.search(r"predicted: ([\d.]+) s per mini-batch",
+                                            r.stdout)[1])
+                cycle_bound = (sum(stages) + round_trip / 1e3) / 2
+                stalled = "stage 0's 2 micro-batches in flight do not cover their cycle"
+                if cycle_bound > 1.02 * max(stages):
+                    self.assertIn(stalled, r.stdout)
+                    self.assertAlmostEqual(predicted, cycle_bound, delta=0.02 * predicted)
+                elif cycle_bound < 0.98 * max(stages):
+                    self.assertNotIn(stalled, r.stdout)
+                    self.assertAlmostEqual(predicted, max(stages), delta=0.01 * predicted)
             else:
                 depth = min(depth, 4)  # max_staleness 3
                 self.assertRegex(r.stdout, r"2 stage\(s\) on 2 worker\(s\), schedule async, "
