@@ -166,6 +166,7 @@ def summarize(results, models, links, rows):
             for row in rows:
                 if row == "single":
                     continue
+                base = rt.row_variant(row)[0]
                 runs = [(r, r.get(link, {}).get(row, {})) for r in rounds]
                 ok = [(r, x) for r, x in runs if "samples_per_s" in x]
                 sps = [x["samples_per_s"] for _, x in ok]
@@ -187,8 +188,7 @@ def summarize(results, models, links, rows):
                     "x_ddp": ratio(link, "ddp"),
                     "x_unshaped": ratio("unshaped", row) if link != "unshaped" else [],
                     # A ROW_bf16 / ROW_sN row against ROW's unshaped rate.
-                    "x_unshaped_base": (ratio("unshaped", rt.row_variant(row)[0])
-                                        if rt.row_variant(row)[0] != row else []),
+                    "x_unshaped_base": ratio("unshaped", base) if base != row else [],
                     "prediction_error": errs,
                     "plans": [x.get("plan") for _, x in ok],
                     "link_mb_per_s": [measured_link(x) for _, x in ok],

@@ -66,7 +66,6 @@ BASE_SUFFIX = "_base"
 SCHEDULE_EXTRA = ""
 # "<row>_bf16": <row> with activations and gradients sent in bfloat16;
 # "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N.
-BF16_SUFFIX = "_bf16"
 
 
 def row_variant(row):
@@ -135,7 +134,6 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec.resources.workers = workers
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
-    # ROW_bf16: ROW with activations and gradients sent in bfloat16.
     name = row
     row, bf16, staleness = row_variant(row)
     s = spec.schedule
