@@ -541,19 +541,29 @@ int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch,
 at::Tensor PackBundle(const std::vector<at::Tensor>& tensors,
                       WirePrecision wire) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> parts;
+  // The type each tensor travels in.
+  auto wire_type = [wire](const at::Tensor& t) {
+    return wire == WirePrecision::kBFloat16 && t.scalar_type() == torch::kFloat
+               ? torch::kBFloat16
+               : t.scalar_type();
+  };
+  int64_t total = 0;
   for (const auto& t : tensors) {
-    at::Tensor v = t.detach();
-    if (wire == WirePrecision::kBFloat16 && v.scalar_type() == torch::kFloat) {
-      v = v.to(torch::kBFloat16);
-    }
-    at::Tensor bytes = v.contiguous().view({-1}).view(torch::kUInt8);
-    parts.push_back(bytes);
-    const int64_t pad = Align8(bytes.numel()) - bytes.numel();
-    if (pad > 0) parts.push_back(torch::zeros({pad}, torch::kUInt8));
+    total += Align8(t.numel() * static_cast<int64_t>(c10::elementSize(wire_type(t))));
   }
-  if (parts.empty()) return torch::empty({0}, torch::kUInt8);
-  return torch::cat(parts);
+  // Each tensor is copied once, straight into its place in the message
+  // (rounded on the way where `wire` asks); only the padding is zeroed.
+  at::Tensor out = torch::empty({total}, torch::kUInt8);
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    const at::ScalarType type = wire_type(t);
+    const int64_t nbytes = t.numel() * static_cast<int64_t>(c10::elementSize(type));
+    out.narrow(0, offset, nbytes).view(type).view(t.sizes()).copy_(t.detach());
+    const int64_t padded = Align8(nbytes);
+    if (padded > nbytes) out.narrow(0, offset + nbytes, padded - nbytes).zero_();
+    offset += padded;
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
