@@ -159,6 +159,48 @@ class ClusterLabTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
 
+    def test_a_shaped_link_is_no_faster_than_its_rate_after_a_quiet_spell(self):
+        # tbf lets a full token bucket through at veth speed. The lab keeps
+        # it to 2 ms of the rate, so a transfer after a quiet spell takes
+        # what a wire of that rate takes; with the 256 KB bucket it had,
+        # 512 KB crossed a 100 Mbit/s link in 23 ms, not 42, and shallow
+        # pipelines ran faster in the lab than any such link allows. A lower
+        # bound only: a busy machine can make a transfer slower, never
+        # faster.
+        self.lab("down")
+        self.lab("up", "--hosts=2", "--racks=2", "--rack-rate=10gbit",
+                 "--cross-rate=100mbit")
+        self.assertEqual(self.lab("burst", "100mbit").strip(), "25000")
+        echo = ("import socket\n"
+                "s = socket.create_server(('198.18.0.2', 0))\n"
+                "print(s.getsockname()[1], flush=True)\n"
+                "c, _ = s.accept()\n"
+                "while True:\n"
+                "    n = int.from_bytes(c.recv(4, socket.MSG_WAITALL) or b'\\0', 'big')\n"
+                "    if not n: break\n"
+                "    c.recv(n, socket.MSG_WAITALL)\n"
+                "    c.sendall(b'k')\n")
+        _, m = self.start(2, ["/usr/bin/python3", "-c", echo], r"^(\d+)$")
+        size, quiet, rounds = 512 * 1024, 0.1, 3
+        send = ("import socket, sys, time\n"
+                f"c = socket.create_connection(('198.18.0.2', {m.group(1)}))\n"
+                "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+                f"for _ in range({rounds}):\n"
+                f"    time.sleep({quiet})  # the bucket fills up again\n"
+                "    t0 = time.monotonic()\n"
+                f"    c.sendall(({size}).to_bytes(4, 'big') + bytes({size}))\n"
+                "    assert c.recv(1) == b'k'\n"
+                "    print(time.monotonic() - t0, flush=True)\n"
+                "c.sendall(bytes(4))\n")
+        r = subprocess.run(self.on(1, ["/usr/bin/python3", "-c", send]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        seconds = [float(x) for x in r.stdout.split()]
+        self.assertEqual(len(seconds), rounds)
+        wire = size / (100e6 / 8)  # 42 ms
+        self.assertGreaterEqual(min(seconds), 0.9 * wire,
+                                f"{size} bytes crossed 100 Mbit/s in {seconds} s")
+
     def test_on_a_slow_link_the_first_stage_keeps_more_in_flight_when_allowed(self):
         # 100 Mbit/s between the hosts. The mlp 4096 wide cut in two sends
         # 2 MB of activations each way per mini-batch: ~160 ms there and

@@ -143,8 +143,15 @@ class Link:
                                capture_output=True)
                 if rate != "unshaped":
                     subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root",
-                                    "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                                    "tbf", "rate", rate, "burst", burst(rate), "latency", "50ms"],
                                    check=True, capture_output=True)
+
+
+def burst(rate):
+    """The token bucket the lab gives a link of this rate (2 ms of it, within
+    16-256 KB): deploy/cluster-lab.sh keeps the rule."""
+    return subprocess.run(["bash", LAB, "burst", rate], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def measured_link(r):
