@@ -32,6 +32,21 @@ staged=$("$BIN" --profile="$PROFILES/vgg16/graph.txt" --workers=4 --stages=4 \
 [ "$(echo "$staged" | grep -o '"nodeIds"' | wc -l)" -eq 4 ] || fail "--stages=4 plan: $staged"
 echo "$staged" | grep -q '4 stage(s) as asked' || fail "no --stages note: $staged"
 
+# A slow link: vgg16's stage 0 would need 4 in flight to hide it. Without
+# --max_in_flight it keeps the schedule's depth (2) and a note names the
+# flag; with it, the depth it asks for, and a faster prediction.
+shallow=$("$BIN" --profile="$PROFILES/vgg16/graph.txt" --levels=2:1e8) || fail "shallow exited $?"
+echo "$shallow" | grep -qE '^ +0 .* 2$' || fail "stage 0 not at depth 2: $shallow"
+echo "$shallow" | grep -q "note: stage 0 would need 4 micro-batches in flight.*--max_in_flight=4" \
+  || fail "no depth note: $shallow"
+deep=$("$BIN" --profile="$PROFILES/vgg16/graph.txt" --levels=2:1e8 --max_in_flight=4) \
+  || fail "deep exited $?"
+echo "$deep" | grep -qE '^ +0 .* 4$' || fail "stage 0 not at depth 4: $deep"
+echo "$deep" | grep -q "would need" && fail "depth note with --max_in_flight=4: $deep"
+rate() { echo "$1" | sed -n 's/.* \([0-9.]*\) mini-batches\/s.*/\1/p'; }
+awk -v a="$(rate "$shallow")" -v b="$(rate "$deep")" 'BEGIN { exit !(b > a) }' \
+  || fail "depth 4 predicts $(rate "$deep") mini-batches/s, not above $(rate "$shallow")"
+
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern="$1"; shift
   local err rc

@@ -43,7 +43,11 @@ ABSL_FLAG(std::string, cost_model, "apapo", "apapo or pipedream");
 ABSL_FLAG(double, activation_compression_ratio, 1.0,
           "activation compression ratio (PipeDream's)");
 ABSL_FLAG(int, micro_batches, 0, "micro-batches per iteration (0: auto)");
-ABSL_FLAG(int, max_in_flight, 0, "bound on in-flight micro-batches (0: auto)");
+ABSL_FLAG(int, max_in_flight, 0,
+          "in-flight micro-batches a stage may keep to hide its links (each one more "
+          "than the schedule's own depth is an update more of staleness); 0: the "
+          "schedule's own depth, with a plan note naming the depth that would hide "
+          "the links (as the coordinator does without schedule.max_staleness)");
 ABSL_FLAG(int, stages, 0,
           "exactly this many pipeline stages (0: the planner chooses)");
 ABSL_FLAG(int, replicas, 0,
@@ -118,6 +122,7 @@ void PrintTable(const Plan& plan, const Graph& graph, const Cluster& cluster,
           ? plan.single_worker_seconds / plan.seconds_per_mini_batch
           : 0,
       plan.num_workers, plan.micro_batches);
+  for (const std::string& note : plan.notes) absl::PrintF("note: %s\n", note);
 }
 
 int Run() {
@@ -154,6 +159,7 @@ int Run() {
       absl::GetFlag(FLAGS_activation_compression_ratio);
   options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  options.deepen_for_links = options.max_in_flight > 0;
   options.stages = absl::GetFlag(FLAGS_stages);
   options.replicas = absl::GetFlag(FLAGS_replicas);
   options.max_states = absl::GetFlag(FLAGS_max_states);

@@ -1106,9 +1106,9 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
       plan->notes.push_back(absl::StrFormat(
           "stage %d would need %d micro-batches in flight (default %d) to "
           "cover %.3g ms of transfers there and back per micro-batch (period "
-          "%.3g ms): schedule.max_staleness: %d allows it, each update of "
-          "staleness at some accuracy",
-          s, d, base, 1e3 * round_trip, 1e3 * period, d - 1));
+          "%.3g ms): schedule.max_staleness: %d allows it (apapo-partition: "
+          "--max_in_flight=%d), each update of staleness at some accuracy",
+          s, d, base, 1e3 * round_trip, 1e3 * period, d - 1, d));
       continue;
     }
     if (sched->max_in_flight > 0) d = std::min(d, sched->max_in_flight);
