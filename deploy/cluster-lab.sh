@@ -21,9 +21,11 @@
 # --cross-rate in both directions. So a transfer within a rack runs at
 # rack-rate, one between racks at cross-rate. Shaping is tc's tbf (this
 # kernel has no netem): rate, not delay. Its token bucket holds 2 ms of the
-# rate (16 KB to 256 KB): a bigger one lets the first part of every transfer
-# after an idle spell through at veth speed, which no wire does (with 256 KB
-# at 100mbit, 512 KB arrived in 23 ms, not the 42 ms the rate allows).
+# rate, within 100 KB to 256 KB (`burst RATE` prints it): what a full bucket
+# holds crosses at veth speed after an idle spell, which no wire does (with
+# 256 KB at 100mbit, 512 KB arrived in 23 ms, not the 42 ms the rate allows);
+# below ~100 KB tbf cuts every 64 KB GSO packet into MTU-sized ones, which
+# at 100mbit both ways cost more than a core here.
 #
 # Defaults: 2 hosts, 2 racks, 10gbit within a rack, 1gbit between racks,
 # prefix "apl". Needs root (CAP_NET_ADMIN) and iproute2. Exit codes: 0 done,
@@ -58,9 +60,12 @@ if [ "$cmd" = exec ]; then
   exec ip netns exec "${PREFIX}-h${host}" "$@"
 fi
 
-# burst RATE: 2 ms of RATE in bytes, within [16 KB, 256 KB]. Small enough that
-# a transfer takes what the rate says; big enough that tbf still reaches the
-# rate (at 1gbit a 32 KB bucket fell well short of it here).
+# burst RATE: 2 ms of RATE in bytes, within [100 KB, 256 KB]. Small enough
+# that a transfer takes about what the rate says (at 100mbit the first 100 KB,
+# 8 ms of the wire, go at once); big enough that tbf passes whole GSO packets
+# (a bidirectional 100mbit transfer took 3.0 s of CPU a 2.7 s with a 25 KB
+# bucket, 0.6 s with 100 KB or more) and reaches the rate (at 1gbit a 32 KB
+# bucket fell well short of it).
 burst() {
   local rate=$1 n unit bits
   [[ "$rate" =~ ^([0-9]+)(bit|kbit|mbit|gbit)$ ]] ||
@@ -74,7 +79,7 @@ burst() {
     gbit) bits=$((n * 1000000000)) ;;
   esac
   local bytes=$((bits / 8 / 500))
-  ((bytes < 16384)) && bytes=16384
+  ((bytes < 100000)) && bytes=100000
   ((bytes > 262144)) && bytes=262144
   echo "$bytes"
 }
