@@ -305,13 +305,23 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
       "%.2fx over one worker\n",
       pred.seconds_per_mini_batch(), pred.samples_per_second(),
       100 * pred.bubble_fraction(), pred.speedup_over_single_worker()));
+  // A checkpointing job's rate is predicted over whole checkpoint
+  // intervals, pauses included, as the run measures it.
+  const bool checkpoints = pred.samples_per_second_with_checkpoints() > 0;
+  if (checkpoints) {
+    absl::StrAppend(&out, absl::StrFormat(
+        "predicted with a checkpoint every %d steps (%.3f s each): %.1f samples/s\n",
+        pred.checkpoint_every_steps(), pred.checkpoint_seconds(),
+        pred.samples_per_second_with_checkpoints()));
+  }
+  const double predicted =
+      checkpoints ? pred.samples_per_second_with_checkpoints() : pred.samples_per_second();
   if (response.measured().samples_per_second() > 0) {
     absl::StrAppend(&out, absl::StrFormat(
-        "measured:  %.1f samples/s (%.2fx the prediction)\n",
+        "measured:  %.1f samples/s (%.2fx the prediction%s)\n",
         response.measured().samples_per_second(),
-        pred.samples_per_second() > 0
-            ? response.measured().samples_per_second() / pred.samples_per_second()
-            : 0.0));
+        predicted > 0 ? response.measured().samples_per_second() / predicted : 0.0,
+        checkpoints ? " with checkpoints" : ""));
   }
   std::vector<std::pair<std::string, double>> alternatives(
       pred.alternatives_samples_per_second().begin(),

@@ -288,6 +288,17 @@ TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {
   EXPECT_THAT(table, HasSubstr("100.0 MiB"));
   EXPECT_THAT(table, HasSubstr("10.00"));
   EXPECT_THAT(table, HasSubstr("measured:  1500.0 samples/s (0.75x the prediction)"));
+  EXPECT_THAT(table, Not(HasSubstr("checkpoint")));
+
+  // A checkpointing job is measured against the rate that counts them.
+  plan->mutable_prediction()->set_checkpoint_seconds(0.85);
+  plan->mutable_prediction()->set_checkpoint_every_steps(100);
+  plan->mutable_prediction()->set_samples_per_second_with_checkpoints(1875);
+  table = FormatPlan(r);
+  EXPECT_THAT(table, HasSubstr("predicted with a checkpoint every 100 steps (0.850 s each): "
+                               "1875.0 samples/s"));
+  EXPECT_THAT(table, HasSubstr("measured:  1500.0 samples/s (0.80x the prediction with "
+                               "checkpoints)"));
 }
 
 TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {

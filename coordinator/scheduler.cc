@@ -394,6 +394,11 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
   for (const std::string& w : a.workers) {
     const apapo::v1::ProfileResult& r = a.profiles[w];
     if (r.has_allreduce()) *cluster.add_allreduces() = r.allreduce();
+    if (r.has_checkpoint()) {
+      apapo::v1::CheckpointMeasurement* c = cluster.add_checkpoints();
+      *c = r.checkpoint();
+      c->set_worker_id(w);
+    }
   }
   if (levels.levels.empty()) {  // nothing measured (one worker)
     apapo::v1::NetworkLevel* level = cluster.add_levels();

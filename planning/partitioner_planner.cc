@@ -1,6 +1,7 @@
 #include "planning/partitioner_planner.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
+#include "partitioner/simulator.h"
 #include "planning/network_levels.h"
 #include "planning/stage_plan.h"
 
@@ -65,6 +67,83 @@ absl::StatusOr<pt::Plan> PlanWith(const pt::Graph& graph,
     return pt::DataParallelPlan(graph, cluster, options);
   }
   return pt::PlanPipeline(graph, cluster, options);
+}
+
+// Iterations simulated for a checkpoint interval's fill and drain: they do
+// not grow with the interval once the pipeline has filled.
+constexpr int64_t kCheckpointSimIterations = 32;
+
+// PlanPrediction's checkpoint figures for a job that checkpoints every
+// spec.checkpoint.every_steps steps (see plan.proto), and a note. The
+// runtime trains each interval as one phase, from an empty pipeline to a
+// drained one (stage_executor.cc, Train), so the interval's fill and drain
+// are the simulated phase's makespan less its steady iterations. Then
+// replica 0 of each stage copies its part of the state (the share of the
+// parameter bytes it holds) and its writer's CPU time is charged to it in
+// full: a worker is planned with its cores busy training. Stages pause in
+// parallel, so the slowest sets the cost. Measured on replica 0's worker,
+// or the slowest worker measured where its own is missing.
+void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
+                        const pt::Cluster& cluster,
+                        const apapo::v1::ClusterSpec& cluster_spec,
+                        apapo::v1::Plan* out) {
+  const int64_t every = spec.checkpoint().every_steps();
+  if (spec.checkpoint().directory().empty() || every <= 0 ||
+      plan.seconds_per_mini_batch <= 0 || plan.stages.empty()) {
+    return;
+  }
+  double fill_drain = 0;
+  pt::SimulationOptions sim;
+  sim.iterations = std::max<int64_t>(2, std::min(every, kCheckpointSimIterations));
+  if (absl::StatusOr<pt::SimulationResult> r = pt::Simulate(plan, cluster, plan.schedule, sim);
+      r.ok()) {
+    fill_drain = std::max(
+        0.0, r->makespan_seconds - static_cast<double>(sim.iterations) * r->seconds_per_iteration);
+  }
+  const apapo::v1::CheckpointMeasurement* slowest = nullptr;
+  std::map<std::string, const apapo::v1::CheckpointMeasurement*> measured;
+  for (const auto& c : cluster_spec.checkpoints()) {
+    measured[c.worker_id()] = &c;
+    if (slowest == nullptr || c.snapshot_seconds() + c.write_cpu_seconds() >
+                                  slowest->snapshot_seconds() + slowest->write_cpu_seconds()) {
+      slowest = &c;
+    }
+  }
+  double total_bytes = 0;
+  for (const pt::StagePlan& st : plan.stages) total_bytes += st.parameter_bytes;
+  double pause = 0, state_bytes = 0;
+  if (slowest != nullptr && total_bytes > 0) {
+    for (const pt::StagePlan& st : plan.stages) {
+      const apapo::v1::CheckpointMeasurement* m = slowest;
+      if (!st.workers.empty() && st.workers[0] >= 0 &&
+          st.workers[0] < cluster_spec.workers_size()) {
+        auto it = measured.find(cluster_spec.workers(st.workers[0]).worker_id());
+        if (it != measured.end()) m = it->second;
+      }
+      pause = std::max(pause, st.parameter_bytes / total_bytes *
+                                  (m->snapshot_seconds() + m->write_cpu_seconds()));
+    }
+    state_bytes = static_cast<double>(slowest->bytes());
+  }
+  const double seconds = fill_drain + pause;
+  const double t = plan.seconds_per_mini_batch;
+  const double with = plan.samples_per_second * t / (t + seconds / static_cast<double>(every));
+  apapo::v1::PlanPrediction* p = out->mutable_prediction();
+  p->set_checkpoint_seconds(seconds);
+  p->set_checkpoint_every_steps(every);
+  p->set_samples_per_second_with_checkpoints(with);
+  std::string write =
+      slowest == nullptr
+          ? "the state's copy and write were not timed while profiling, so "
+            "only the drain is counted"
+          : absl::StrFormat("the slowest stage copies and writes its part of %.3g MB "
+                            "of state (%.3g ms)",
+                            state_bytes / 1e6, 1e3 * pause);
+  out->add_notes(absl::StrFormat(
+      "checkpoints every %d steps cost %.3g ms each: the pipeline drains and "
+      "refills (%.3g ms) and %s; %.0f samples/s over a whole run, %.0f between "
+      "checkpoints",
+      every, 1e3 * seconds, 1e3 * fill_drain, write, with, plan.samples_per_second));
 }
 
 }  // namespace
@@ -251,6 +330,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
     out.add_notes("schedule auto: async 1F1B with weight stashing");
   }
+  PredictCheckpoints(spec, *plan, *cluster, cluster_spec, &out);
   // Predicted throughput of the alternatives on the same cluster.
   for (auto [name, kind] :
        {std::pair<const char*, apapo::schedule::ScheduleKind>{

@@ -81,6 +81,73 @@ TEST(PartitionerPlannerTest, PipelinesAChainOnTwoWorkersNamedByRegistryIds) {
   EXPECT_TRUE(plan->prediction().alternatives_samples_per_second().contains("gpipe"));
 }
 
+apapo::v1::CheckpointMeasurement Checkpoint(const std::string& worker, double snapshot,
+                                            double write_cpu) {
+  apapo::v1::CheckpointMeasurement m;
+  m.set_worker_id(worker);
+  m.set_bytes(2 * 4 * 2048LL * 2048 * 4);  // the chain's parameters and momentum
+  m.set_snapshot_seconds(snapshot);
+  m.set_write_cpu_seconds(write_cpu);
+  m.set_write_seconds(2 * write_cpu);
+  return m;
+}
+
+// A checkpoint every 10 steps: each drains and refills the 2-stage pipeline
+// and pauses the stage whose copy and write take longest (each stage holds
+// half the chain's parameters). The whole-run rate spreads that over the
+// interval.
+TEST(PartitionerPlannerTest, CheckpointsArePredictedFromWhatTheWorkersTimed) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec = Spec();
+  spec.mutable_checkpoint()->set_directory("/var/lib/apapo/checkpoints/job-1");
+  spec.mutable_checkpoint()->set_every_steps(10);
+  apapo::v1::ClusterSpec cluster = TwoWorkers(1e8);
+
+  // Nothing timed: the drain and refill alone.
+  auto drain_only = planner.MakePlan(spec, ChainProfile(), cluster);
+  ASSERT_TRUE(drain_only.ok()) << drain_only.status();
+  ASSERT_EQ(drain_only->stages_size(), 2);
+  const auto& p0 = drain_only->prediction();
+  const double t = p0.seconds_per_mini_batch();
+  const double fill_drain = p0.checkpoint_seconds();
+  EXPECT_GT(fill_drain, 0);
+  EXPECT_LT(fill_drain, 3 * t);  // about one pass through the pipeline
+  EXPECT_EQ(p0.checkpoint_every_steps(), 10);
+  EXPECT_NEAR(p0.samples_per_second_with_checkpoints(),
+              p0.samples_per_second() * t / (t + fill_drain / 10), 1e-6);
+  EXPECT_THAT(drain_only->notes(),
+              ::testing::Contains(::testing::HasSubstr("were not timed while profiling")));
+
+  // Each stage's worker timed its own: beta's stage pauses 0.2 s (half of
+  // 0.02 + 0.38), alpha's 0.05.
+  *cluster.add_checkpoints() = Checkpoint("alpha", 0.01, 0.09);
+  *cluster.add_checkpoints() = Checkpoint("beta", 0.02, 0.38);
+  auto timed = planner.MakePlan(spec, ChainProfile(), cluster);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  const auto& p1 = timed->prediction();
+  EXPECT_NEAR(p1.checkpoint_seconds(), fill_drain + 0.2, 1e-9);
+  EXPECT_NEAR(p1.samples_per_second_with_checkpoints(),
+              p1.samples_per_second() * t / (t + (fill_drain + 0.2) / 10), 1e-6);
+  EXPECT_LT(p1.samples_per_second_with_checkpoints(), p0.samples_per_second_with_checkpoints());
+  EXPECT_THAT(timed->notes(), ::testing::Contains(::testing::HasSubstr(
+                                  "checkpoints every 10 steps cost")));
+
+  // Only alpha timed one: beta's stage is charged the slowest measured.
+  cluster.mutable_checkpoints()->RemoveLast();
+  auto alpha_only = planner.MakePlan(spec, ChainProfile(), cluster);
+  ASSERT_TRUE(alpha_only.ok()) << alpha_only.status();
+  EXPECT_NEAR(alpha_only->prediction().checkpoint_seconds(), fill_drain + 0.05, 1e-9);
+
+  // No checkpoints: no figures, no note.
+  spec.clear_checkpoint();
+  auto none = planner.MakePlan(spec, ChainProfile(), cluster);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->prediction().checkpoint_seconds(), 0);
+  EXPECT_EQ(none->prediction().samples_per_second_with_checkpoints(), 0);
+  EXPECT_THAT(none->notes(), ::testing::Not(::testing::Contains(
+                                 ::testing::HasSubstr("checkpoints every"))));
+}
+
 TEST(PartitionerPlannerTest, BFloat16TransfersHalveTheBytesTheLinkIsCharged) {
   PartitionerPlanner planner;
   // 10 MB/s: the 1 MB of activations crossing the middle cut take ~0.1 s

@@ -55,6 +55,32 @@ class EndToEndTest(unittest.TestCase):
         planned = plan.cluster.levels[0].bandwidth_bytes_per_second
         self.assertEqual(planned, min(l.bandwidth_bytes_per_second for l in links))
         self.assertNotEqual(planned, 1e9)
+        # The job checkpoints (the coordinator's default): each worker took
+        # and wrote the whole state while profiling, into a scratch folder
+        # of the job's checkpoint directory that is gone, and the plan
+        # predicts the whole-run rate with a checkpoint's cost spread over
+        # its interval.
+        parameter_bytes = sum(n.parameter_bytes for n in plan.profile.nodes)
+        self.assertEqual({m.worker_id for m in plan.cluster.checkpoints}, {"w-1", "w-2"})
+        for m in plan.cluster.checkpoints:
+            self.assertGreaterEqual(m.bytes, parameter_bytes, m)
+            self.assertGreater(m.snapshot_seconds, 0, m)
+            self.assertGreater(m.write_cpu_seconds, 0, m)
+        prediction = plan.plan.prediction
+        every = 100  # the coordinator's --checkpoint_every_steps default
+        self.assertEqual(prediction.checkpoint_every_steps, every)
+        self.assertGreater(prediction.checkpoint_seconds, 0)
+        self.assertAlmostEqual(
+            prediction.samples_per_second_with_checkpoints,
+            prediction.samples_per_second * prediction.seconds_per_mini_batch /
+            (prediction.seconds_per_mini_batch + prediction.checkpoint_seconds / every),
+            delta=1e-6 * prediction.samples_per_second)
+        root = os.path.join(c.dir, "checkpoints")
+        folders = [e for e in os.listdir(root) if e.startswith(job_id + ".")]
+        self.assertEqual(len(folders), 1, os.listdir(root))
+        left = os.listdir(os.path.join(root, folders[0]))
+        self.assertTrue(left, "the job wrote its checkpoints")
+        self.assertEqual([e for e in left if not e.startswith("step-")], [])
         # Every placed rank, not only the last stage, fed the per-stage series:
         # busy seconds and the step-time histogram.
         with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
@@ -77,6 +103,8 @@ class EndToEndTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("predicted:", r.stdout)
+        self.assertIn(f"predicted with a checkpoint every {every} steps", r.stdout)
+        self.assertIn("the prediction with checkpoints)", r.stdout)
         self.assertIn("(slowest measured link)", r.stdout)
         self.assertIn("link w-1 -> w-2:", r.stdout)
         r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "watch", job_id],

@@ -253,7 +253,8 @@ def inner(a):
         rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN; "
-                 f"ours as ROW_bf16 (transfers in bfloat16), ROW_sN (max_staleness N))")
+                 f"ours as ROW_bf16 (transfers in bfloat16), ROW_sN (max_staleness N), "
+                 f"ROW_cN (a checkpoint every N steps))")
     try:
         text_format.Merge(a.schedule, job_pb2.ScheduleSpec())
     except text_format.ParseError as e:

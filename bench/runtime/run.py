@@ -69,9 +69,11 @@ SCHEDULE_EXTRA = ""
 
 
 def row_variant(row):
-    """(base row, bf16?, max_staleness or None) of ROW[_bf16][_sN]."""
-    m = re.fullmatch(r"(.*?)(_bf16)?(?:_s(\d+))?", row)
-    return m[1], bool(m[2]), (int(m[3]) if m[3] is not None else None)
+    """(base row, bf16?, max_staleness or None, checkpoint interval or None)
+    of ROW[_bf16][_sN][_cN]."""
+    m = re.fullmatch(r"(.*?)(_bf16)?(?:_s(\d+))?(?:_c(\d+))?", row)
+    return (m[1], bool(m[2]), (int(m[3]) if m[3] is not None else None),
+            (int(m[4]) if m[4] is not None else None))
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
@@ -135,13 +137,15 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     name = row
-    row, bf16, staleness = row_variant(row)
+    row, bf16, staleness, checkpoint_every = row_variant(row)
     s = spec.schedule
     s.Clear()
     if bf16:
         s.transfer_precision = plan_pb2.TRANSFER_PRECISION_BFLOAT16
     if staleness is not None:
         s.max_staleness = staleness
+    if checkpoint_every is not None:
+        spec.checkpoint.every_steps = checkpoint_every
     if row == "single":
         # Plain training of the whole mini-batch in one process.
         s.kind, s.stages, s.micro_batches = plan_pb2.SCHEDULE_KIND_GPIPE, 1, 1
@@ -389,10 +393,12 @@ class Cluster:
         # One checkpoint, after the last step (outside the training time),
         # as --local rows and the peers take none: a coordinator's default
         # (every 100 steps) drains and refills the pipeline and shares the
-        # cores with its background write, which the planner's prediction
-        # does not count (bench/cluster/README.md; its cost:
-        # bench/elastic/README.md).
-        spec.checkpoint.every_steps = max_steps
+        # cores with its background write (bench/cluster/README.md; its
+        # cost: bench/elastic/README.md). Rows ROW_cN checkpoint every N
+        # steps and are compared with the prediction that counts them.
+        checkpoints = spec.checkpoint.every_steps > 0
+        if not checkpoints:
+            spec.checkpoint.every_steps = max_steps
         t = time.time()
         job_id = self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=spec),
                                      timeout=30).job.id
@@ -436,6 +442,16 @@ class Cluster:
             res["parameters"] = sum(n.parameter_bytes for n in plan.profile.nodes) // 4
             res["plan_alternatives"] = dict(p.prediction.alternatives_samples_per_second)
             res["predicted_samples_per_s"] = p.prediction.samples_per_second
+            res["checkpoint_seconds"] = p.prediction.checkpoint_seconds
+            if checkpoints:
+                res["predicted_steady_samples_per_s"] = p.prediction.samples_per_second
+                res["predicted_samples_per_s"] = (
+                    p.prediction.samples_per_second_with_checkpoints)
+            res["checkpoints"] = [{"worker": c.worker_id, "bytes": c.bytes,
+                                   "snapshot_s": c.snapshot_seconds,
+                                   "write_cpu_s": c.write_cpu_seconds,
+                                   "write_s": c.write_seconds}
+                                  for c in plan.cluster.checkpoints]
             res["plan_kind"] = plan_pb2.ScheduleKind.Name(p.schedule)
             res["plan_shape"] = [s.replicas for s in p.stages]
             res["links"] = [{"from": l.from_worker, "to": l.to_worker,

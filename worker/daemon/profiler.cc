@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
+#include <optional>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -20,6 +22,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
+#include "absl/random/random.h"
+#include "worker/checkpoint_store.h"
+#include "worker/file_system.h"
 #include "worker/model_builder.h"
 #include "worker/optimizer.h"
 #include "worker/model_graph.h"
@@ -69,7 +74,79 @@ struct NodeTimes {
 struct Calibration {
   double step_seconds = 0;    // forward + backward + update, median
   double update_seconds = 0;  // the optimizer update alone, median
+  std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
 };
+
+// A state larger than this is not written while profiling (it would hold
+// the profile up for as long as the write takes); the plan then charges
+// checkpoints their drain and refill alone, and says so.
+constexpr int64_t kMaxProbeBytes = int64_t{1} << 30;
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int64_t StateBytes(const StageCheckpoint& c) {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : c.parameters) bytes += Bytes(p);
+  for (const auto& slots : c.optimizer.per_param) {
+    for (const at::Tensor& t : slots) bytes += Bytes(t);
+  }
+  for (const auto& [name, b] : c.buffers) bytes += Bytes(b);
+  return bytes;
+}
+
+// Takes and writes `state` as a stage does at a checkpoint (the snapshot,
+// then FileCheckpointStore::Save on this thread, as the writer thread
+// would), into a scratch folder of `directory` with a random name, which is
+// removed afterwards; the job's own steps are never touched (the store
+// reads only "step-<N>" entries of `directory`). nullopt, with the reason
+// on stderr, where the directory cannot be written or the state is too
+// large: the profile does not fail for it.
+std::optional<apapo::v1::CheckpointMeasurement> MeasureCheckpoint(
+    const AnalyzedGraph& graph, const StageCheckpoint& state,
+    const std::string& directory) {
+  const int64_t bytes = StateBytes(state);
+  if (directory.empty() || bytes <= 0) return std::nullopt;
+  if (bytes > kMaxProbeBytes) {
+    std::fprintf(stderr, "profiling: checkpoint not timed: %lld bytes of state is over %lld\n",
+                 static_cast<long long>(bytes), static_cast<long long>(kMaxProbeBytes));
+    return std::nullopt;
+  }
+  absl::BitGen gen;
+  const std::string scratch = absl::StrCat(
+      directory, "/.profile-probe-", absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
+  FileSystem* fs = LocalFileSystem();
+  FileCheckpointStore store(scratch, 1, &graph, fs);
+  const Clock::time_point t0 = Clock::now();
+  StageCheckpoint snapshot = state.Clone();
+  const Clock::time_point t1 = Clock::now();
+  const double cpu0 = ThreadCpuSeconds();
+  absl::Status st = fs->CreateDir(scratch);
+  if (st.ok()) st = store.Save(0, snapshot);
+  const double cpu1 = ThreadCpuSeconds();
+  const Clock::time_point t2 = Clock::now();
+  for (const std::string& path :
+       {store.DataPath(snapshot.step, 0), store.ManifestPath(snapshot.step, 0)}) {
+    fs->Remove(path + ".tmp").IgnoreError();
+    fs->Remove(path).IgnoreError();
+  }
+  fs->Remove(store.StepDir(snapshot.step)).IgnoreError();
+  fs->Remove(scratch).IgnoreError();
+  if (!st.ok()) {
+    std::fprintf(stderr, "profiling: checkpoint not timed: %s\n",
+                 std::string(st.message()).c_str());
+    return std::nullopt;
+  }
+  apapo::v1::CheckpointMeasurement m;
+  m.set_bytes(bytes);
+  m.set_snapshot_seconds(Seconds(t0, t1));
+  m.set_write_cpu_seconds(cpu1 - cpu0);
+  m.set_write_seconds(Seconds(t1, t2));
+  return m;
+}
 
 // Trains the whole model as one stage on (samples, labels): one warm-up
 // step, then `iterations` timed ones.
@@ -131,7 +208,17 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  return Calibration{median(steps), median(updates)};
+  Calibration cal{median(steps), median(updates)};
+  // The trained state, as a stage holds it at a checkpoint.
+  StageCheckpoint state;
+  state.step = iterations + 1;
+  state.version = iterations + 1;
+  state.parameter_names = (*model)->param_names();
+  state.parameters = params;
+  state.optimizer = (*optimizer)->State();
+  state.buffers = (*model)->Buffers();
+  cal.checkpoint = MeasureCheckpoint(graph, state, spec.checkpoint().directory());
+  return cal;
 }
 
 absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
@@ -336,6 +423,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
       np->set_split_width(node.out_shape.back());  // see plan.proto LayerSplit
     }
   }
+  if (cal->checkpoint.has_value()) *result.mutable_checkpoint() = *cal->checkpoint;
   apapo::v1::WorkerResources* res = result.mutable_resources();
   res->set_relative_speed(0);  // the coordinator derives it
   int64_t memory = spec.resources().memory_per_worker_bytes();

@@ -5,9 +5,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/daemon/test_jobs.h"
@@ -93,6 +97,49 @@ TEST(ProfileJobTest, SpecMemoryWinsAndCancellationStops) {
   ProfileOptions o;
   o.cancelled = [] { return true; };
   EXPECT_EQ(ProfileJob(c, o).status().code(), absl::StatusCode::kCancelled);
+}
+
+// A job that checkpoints: its whole state (parameters and SGD's momentum,
+// 2 x the parameter bytes) is copied and written as a stage would, into a
+// scratch folder of the checkpoint directory that is gone afterwards; the
+// job's own steps there are not touched.
+TEST(ProfileJobTest, TimesACheckpointIntoAScratchFolderItRemoves) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/profile-checkpoints");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/step-7");
+  std::ofstream(dir + "/step-7/stage-0.manifest") << "kept";
+  apapo::v1::ProfileCommand c = MlpCommand(64, 2, 32, 4);
+  c.mutable_spec()->mutable_checkpoint()->set_directory(dir);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->has_checkpoint());
+  int64_t parameter_bytes = 0;
+  for (const auto& n : result->profile().nodes()) parameter_bytes += n.parameter_bytes();
+  const apapo::v1::CheckpointMeasurement& m = result->checkpoint();
+  EXPECT_EQ(m.bytes(), 2 * parameter_bytes);
+  EXPECT_GT(m.snapshot_seconds(), 0);
+  EXPECT_GT(m.write_cpu_seconds(), 0);
+  EXPECT_GE(m.write_seconds(), m.write_cpu_seconds());  // one thread: wall >= CPU
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_THAT(left, ::testing::ElementsAre("step-7"));
+  std::ifstream kept(dir + "/step-7/stage-0.manifest");
+  std::string text;
+  kept >> text;
+  EXPECT_EQ(text, "kept");
+
+  // No checkpoint directory: nothing timed. One that cannot be made (under
+  // a file): nothing timed either, and the profile does not fail for it.
+  c.mutable_spec()->mutable_checkpoint()->clear_directory();
+  result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->has_checkpoint());
+  c.mutable_spec()->mutable_checkpoint()->set_directory(dir + "/step-7/stage-0.manifest/x");
+  result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->has_checkpoint());
 }
 
 TEST(ProfileJobTest, BadSpecIsRefused) {
