@@ -79,10 +79,12 @@ constexpr int64_t kCheckpointSimIterations = 32;
 // drained one (stage_executor.cc, Train), so the interval's fill and drain
 // are the simulated phase's makespan less its steady iterations. Then
 // replica 0 of each stage copies its part of the state (the share of the
-// parameter bytes it holds) and its writer's CPU time is charged to it in
-// full: a worker is planned with its cores busy training. Stages pause in
-// parallel, so the slowest sets the cost. Measured on replica 0's worker,
-// or the slowest worker measured where its own is missing.
+// parameter bytes it holds), blocking, and its writer's CPU time is taken
+// from training in the share of the time the stage computes (a stage that
+// waits on its link half the time absorbs half the write: bench/cluster,
+// the mlp at 100 Mbit/s, 2026-12-03). Stages pause in parallel, so the
+// slowest sets the cost. Measured on replica 0's worker, or the slowest
+// worker measured where its own is missing.
 void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
                         const pt::Cluster& cluster,
                         const apapo::v1::ClusterSpec& cluster_spec,
@@ -120,8 +122,10 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
         auto it = measured.find(cluster_spec.workers(st.workers[0]).worker_id());
         if (it != measured.end()) m = it->second;
       }
+      const double busy =
+          std::clamp(st.compute_seconds / plan.seconds_per_mini_batch, 0.0, 1.0);
       pause = std::max(pause, st.parameter_bytes / total_bytes *
-                                  (m->snapshot_seconds() + m->write_cpu_seconds()));
+                                  (m->snapshot_seconds() + busy * m->write_cpu_seconds()));
     }
     state_bytes = static_cast<double>(slowest->bytes());
   }

@@ -1,5 +1,6 @@
 #include "planning/partitioner_planner.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -118,16 +119,24 @@ TEST(PartitionerPlannerTest, CheckpointsArePredictedFromWhatTheWorkersTimed) {
   EXPECT_THAT(drain_only->notes(),
               ::testing::Contains(::testing::HasSubstr("were not timed while profiling")));
 
-  // Each stage's worker timed its own: beta's stage pauses 0.2 s (half of
-  // 0.02 + 0.38), alpha's 0.05.
+  // Each stage's worker timed its own: each stage holds half the state, so
+  // beta's stage pauses for half of its 0.02 s copy, and half of its 0.38 s
+  // of write CPU in the share of the time the stage computes (the rest of
+  // the write runs while it waits); alpha's for half of 0.01 and of 0.09.
   *cluster.add_checkpoints() = Checkpoint("alpha", 0.01, 0.09);
   *cluster.add_checkpoints() = Checkpoint("beta", 0.02, 0.38);
   auto timed = planner.MakePlan(spec, ChainProfile(), cluster);
   ASSERT_TRUE(timed.ok()) << timed.status();
   const auto& p1 = timed->prediction();
-  EXPECT_NEAR(p1.checkpoint_seconds(), fill_drain + 0.2, 1e-9);
+  auto busy = [&](int stage) {
+    return std::min(1.0, timed->stages(stage).compute_seconds() / t);
+  };
+  EXPECT_GT(busy(1), 0.5);
+  const double beta_pause = 0.5 * (0.02 + busy(1) * 0.38);
+  ASSERT_GT(beta_pause, 0.5 * (0.01 + busy(0) * 0.09));
+  EXPECT_NEAR(p1.checkpoint_seconds(), fill_drain + beta_pause, 1e-9);
   EXPECT_NEAR(p1.samples_per_second_with_checkpoints(),
-              p1.samples_per_second() * t / (t + (fill_drain + 0.2) / 10), 1e-6);
+              p1.samples_per_second() * t / (t + (fill_drain + beta_pause) / 10), 1e-6);
   EXPECT_LT(p1.samples_per_second_with_checkpoints(), p0.samples_per_second_with_checkpoints());
   EXPECT_THAT(timed->notes(), ::testing::Contains(::testing::HasSubstr(
                                   "checkpoints every 10 steps cost")));
@@ -136,7 +145,8 @@ TEST(PartitionerPlannerTest, CheckpointsArePredictedFromWhatTheWorkersTimed) {
   cluster.mutable_checkpoints()->RemoveLast();
   auto alpha_only = planner.MakePlan(spec, ChainProfile(), cluster);
   ASSERT_TRUE(alpha_only.ok()) << alpha_only.status();
-  EXPECT_NEAR(alpha_only->prediction().checkpoint_seconds(), fill_drain + 0.05, 1e-9);
+  EXPECT_NEAR(alpha_only->prediction().checkpoint_seconds(),
+              fill_drain + 0.5 * (0.01 + std::max(busy(0), busy(1)) * 0.09), 1e-9);
 
   // No checkpoints: no figures, no note.
   spec.clear_checkpoint();
