@@ -1,6 +1,7 @@
 #include "planning/partitioner_planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <utility>
@@ -105,6 +106,13 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
   const apapo::v1::CheckpointMeasurement* slowest = nullptr;
   std::map<std::string, const apapo::v1::CheckpointMeasurement*> measured;
   for (const auto& c : cluster_spec.checkpoints()) {
+    // A worker's figures, not trusted: one that is not a finite,
+    // non-negative time of a positive size is left out.
+    if (c.bytes() <= 0 || !std::isfinite(c.snapshot_seconds()) ||
+        !std::isfinite(c.write_cpu_seconds()) || c.snapshot_seconds() < 0 ||
+        c.write_cpu_seconds() < 0) {
+      continue;
+    }
     measured[c.worker_id()] = &c;
     if (slowest == nullptr || c.snapshot_seconds() + c.write_cpu_seconds() >
                                   slowest->snapshot_seconds() + slowest->write_cpu_seconds()) {

@@ -1,6 +1,8 @@
 #include "planning/partitioner_planner.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -147,6 +149,16 @@ TEST(PartitionerPlannerTest, CheckpointsArePredictedFromWhatTheWorkersTimed) {
   ASSERT_TRUE(alpha_only.ok()) << alpha_only.status();
   EXPECT_NEAR(alpha_only->prediction().checkpoint_seconds(),
               fill_drain + 0.5 * (0.01 + std::max(busy(0), busy(1)) * 0.09), 1e-9);
+
+  // A worker's hostile or broken figures are left out, as if not timed.
+  apapo::v1::ClusterSpec hostile = TwoWorkers(1e8);
+  *hostile.add_checkpoints() = Checkpoint("alpha", std::nan(""), 0.09);
+  *hostile.add_checkpoints() = Checkpoint("beta", 0.02, -5);
+  *hostile.add_checkpoints() = Checkpoint("beta", 0.02, std::numeric_limits<double>::infinity());
+  auto ignored = planner.MakePlan(spec, ChainProfile(), hostile);
+  ASSERT_TRUE(ignored.ok()) << ignored.status();
+  EXPECT_NEAR(ignored->prediction().checkpoint_seconds(), fill_drain, 1e-9);
+  EXPECT_TRUE(std::isfinite(ignored->prediction().samples_per_second_with_checkpoints()));
 
   // No checkpoints: no figures, no note.
   spec.clear_checkpoint();
