@@ -17,8 +17,11 @@ using schedule::Op;
 constexpr WirePrecision kEvalWire = WirePrecision::kFloat32;
 
 Evaluator::Evaluator(const StageContext* context, const Dataset* test,
-                     int64_t batch_size)
-    : context_(context), test_(test), batch_size_(batch_size) {}
+                     int64_t batch_size, int64_t chunk_rows)
+    : context_(context),
+      test_(test),
+      batch_size_(batch_size),
+      chunk_rows_(chunk_rows) {}
 
 std::vector<at::Tensor> Evaluator::LoadBatch(int64_t b) const {
   std::vector<int64_t> rows;
@@ -27,6 +30,39 @@ std::vector<at::Tensor> Evaluator::LoadBatch(int64_t b) const {
     rows.push_back(i);
   }
   return LoadRows(*test_, rows, batch_size_);
+}
+
+absl::StatusOr<StageForward> ForwardInChunks(
+    StageModel& model, const std::vector<at::Tensor>& inputs,
+    const std::vector<at::Tensor>& weights, int64_t chunk_rows) {
+  const int64_t batch = inputs.empty() ? 0 : inputs[0].size(0);
+  if (chunk_rows <= 0 || chunk_rows >= batch) {
+    return model.Forward(inputs, weights, /*training=*/false);
+  }
+  std::vector<std::vector<at::Tensor>> outputs;  // per output: its pieces
+  std::vector<at::Tensor> logits, labels;
+  for (int64_t start = 0; start < batch; start += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, batch - start);
+    std::vector<at::Tensor> piece;
+    piece.reserve(inputs.size());
+    for (const at::Tensor& t : inputs) piece.push_back(t.narrow(0, start, rows));
+    absl::StatusOr<StageForward> fwd =
+        model.Forward(piece, weights, /*training=*/false);
+    if (!fwd.ok()) return fwd.status();
+    outputs.resize(fwd->outputs.size());
+    for (size_t i = 0; i < fwd->outputs.size(); ++i) {
+      outputs[i].push_back(std::move(fwd->outputs[i]));
+    }
+    if (fwd->logits.defined()) logits.push_back(std::move(fwd->logits));
+    if (fwd->labels.defined()) labels.push_back(std::move(fwd->labels));
+  }
+  StageForward whole;
+  for (const std::vector<at::Tensor>& pieces : outputs) {
+    whole.outputs.push_back(torch::cat(pieces, 0));
+  }
+  if (!logits.empty()) whole.logits = torch::cat(logits, 0);
+  if (!labels.empty()) whole.labels = torch::cat(labels, 0);
+  return whole;
 }
 
 absl::StatusOr<double> Evaluator::Evaluate(
@@ -72,7 +108,7 @@ absl::StatusOr<double> Evaluator::Evaluate(
           }
           inputs = *std::move(unpacked);
         }
-        auto fwd = c.model->Forward(inputs, weights, /*training=*/false);
+        auto fwd = ForwardInChunks(*c.model, inputs, weights, chunk_rows_);
         if (!fwd.ok()) return c.Fail("eval forward", fwd.status());
         if (c.last()) {
           const int64_t valid = std::min(eb, n - b * eb);

@@ -757,7 +757,9 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   const int64_t eval_batch = cfg.evaluation.batch_size > 0
                                  ? cfg.evaluation.batch_size
                                  : cfg.data.batch_size;
-  impl->evaluator = std::make_unique<Evaluator>(&impl->context, test, eval_batch);
+  // Forwards run a training micro-batch's rows at a time (evaluator.h).
+  impl->evaluator = std::make_unique<Evaluator>(&impl->context, test, eval_batch,
+                                                impl->micro_batch_size);
   impl->report.stage = cfg.stage;
   impl->report.replica = cfg.replica;
   impl->report.rank = c.rank;

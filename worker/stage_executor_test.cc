@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "absl/synchronization/notification.h"
 #include "worker/checkpoint_store.h"
+#include "worker/evaluator.h"
 #include "worker/model_builder.h"
 #include "worker/pipeline_harness.h"
 #include "worker/testing/memory_file_system.h"
@@ -107,6 +108,57 @@ TEST(SplitLinearLayersTest, SplitModelComputesTheSameFunction) {
   EXPECT_TRUE(torch::allclose(
       ga[index(*a, "fc2.weight")].narrow(0, 0, 20),
       gb[index(*b, "fc2/0.weight")], 1e-5, 1e-6));
+}
+
+// Evaluation runs each stage's forward over a test batch a training
+// micro-batch's rows at a time (Evaluator): a 2-stage cut of the cnn, on a
+// batch of 23 rows in pieces of 5 (the last one 3), gives the first stage's
+// outputs, labels included, and the last stage's logits of the whole batch.
+TEST(ForwardInChunksTest, PiecesJoinToTheWholeBatchsForward) {
+  apapo::v1::BuiltinModel cnn;
+  cnn.set_name("cnn");
+  const DataShape data{{1, 28, 28}, DType::kFloat32, 10};
+  auto proto = BuiltinGraph(cnn, data);
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  auto g = AnalyzedGraph::Create(*proto);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<std::string> head, tail;
+  for (const auto& n : g->nodes()) {
+    (head.size() < 3 ? head : tail).push_back(n.id());
+  }
+  auto layouts = LayoutStages(*g, {head, tail});
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({23, 1, 28, 28});
+  const at::Tensor y = torch::randint(0, 10, {23}, torch::kLong);
+  std::vector<at::Tensor> inputs = {x, y};
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(absl::StrCat("stage ", s));
+    auto model = StageModel::Create(*g, (*layouts)[s]);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const std::vector<at::Tensor> w = (*model)->InitParameters(3);
+    torch::NoGradGuard no_grad;
+    auto whole = ForwardInChunks(**model, inputs, w, 0);
+    auto pieces = ForwardInChunks(**model, inputs, w, 5);
+    ASSERT_TRUE(whole.ok() && pieces.ok());
+    ASSERT_EQ(pieces->outputs.size(), whole->outputs.size());
+    for (size_t i = 0; i < whole->outputs.size(); ++i) {
+      EXPECT_EQ(pieces->outputs[i].sizes(), whole->outputs[i].sizes()) << i;
+      EXPECT_TRUE(torch::allclose(pieces->outputs[i], whole->outputs[i],
+                                  1e-5, 1e-6)) << i;
+    }
+    if (s == 0) {
+      EXPECT_FALSE(whole->outputs.empty());
+      inputs = whole->outputs;  // the next stage's input bundle
+    } else {
+      ASSERT_TRUE(pieces->logits.defined());
+      EXPECT_EQ(pieces->logits.size(0), 23);
+      EXPECT_TRUE(torch::allclose(pieces->logits, whole->logits, 1e-5, 1e-6));
+      EXPECT_TRUE(torch::equal(pieces->labels, y));
+      EXPECT_EQ(CountCorrect(pieces->logits, pieces->labels, 20),
+                CountCorrect(whole->logits, whole->labels, 20));
+    }
+  }
 }
 
 Fixture MakeFixture() {
