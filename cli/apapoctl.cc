@@ -134,6 +134,24 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
         "  all-reduce of %s over %d worker(s): %.1f ms (median of %d timing(s))\n",
         FormatBytes(a.bytes()), a.ranks(), a.seconds() * 1e3, reduces.size()));
   }
+  // What a message cost the workers' CPU by size (the median per size).
+  std::map<int64_t, std::vector<double>> by_size;
+  for (const auto& t : cluster.transfer_cpu()) {
+    if (t.cpu_seconds_per_byte() > 0) {
+      by_size[t.message_bytes()].push_back(t.cpu_seconds_per_byte());
+    }
+  }
+  if (!by_size.empty()) {
+    absl::StrAppend(&out, "  transfer CPU by message size:");
+    const char* sep = " ";
+    for (auto& [bytes, cpu] : by_size) {
+      std::sort(cpu.begin(), cpu.end());
+      absl::StrAppend(&out, absl::StrFormat("%s%s %.2f ns", sep, FormatBytes(bytes),
+                                            cpu[cpu.size() / 2] * 1e9));
+      sep = ", ";
+    }
+    absl::StrAppend(&out, " per byte (timed on each worker's loopback)\n");
+  }
   return out;
 }
 

@@ -334,6 +334,20 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
   EXPECT_THAT(FormatPlan(r),
               HasSubstr("  all-reduce of 4.0 MiB over 2 worker(s): 15.0 ms "
                         "(median of 3 timing(s))\n"));
+  EXPECT_THAT(FormatPlan(r), Not(HasSubstr("transfer CPU")));
+  for (const auto& [w, bytes, cpu] :
+       std::vector<std::tuple<std::string, int64_t, double>>{
+           {"w-a", 4 << 20, 0.2e-9}, {"w-b", 4 << 20, 0.3e-9},
+           {"w-a", 19 << 20, 0.8e-9}, {"w-b", 19 << 20, 0.6e-9}}) {
+    auto* t = r.mutable_cluster()->add_transfer_cpu();
+    t->set_worker_id(w);
+    t->set_message_bytes(bytes);
+    t->set_cpu_seconds_per_byte(cpu);
+  }
+  EXPECT_THAT(FormatPlan(r),
+              HasSubstr("  transfer CPU by message size: 4.0 MiB 0.30 ns, "
+                        "19.0 MiB 0.80 ns per byte (timed on each worker's "
+                        "loopback)\n"));
 
   r.mutable_cluster()->clear_links();
   level->set_group_size(1);

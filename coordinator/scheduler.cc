@@ -399,6 +399,11 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
       *c = r.checkpoint();
       c->set_worker_id(w);
     }
+    for (const auto& t : r.transfer_cpu()) {
+      apapo::v1::TransferCpuMeasurement* c = cluster.add_transfer_cpu();
+      *c = t;
+      c->set_worker_id(w);
+    }
   }
   if (levels.levels.empty()) {  // nothing measured (one worker)
     apapo::v1::NetworkLevel* level = cluster.add_levels();

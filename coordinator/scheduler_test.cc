@@ -159,9 +159,11 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void Profile(const std::string& worker, const std::string& job, double seconds,
-               std::vector<apapo::v1::LinkMeasurement> links = {}) {
+               std::vector<apapo::v1::LinkMeasurement> links = {},
+               std::vector<apapo::v1::TransferCpuMeasurement> transfers = {}) {
     WorkerMessage m;
     for (auto& l : links) *m.mutable_profile_result()->add_links() = l;
+    for (auto& t : transfers) *m.mutable_profile_result()->add_transfer_cpu() = t;
     m.mutable_profile_result()->set_job_id(job);
     auto* n = m.mutable_profile_result()->mutable_profile()->add_nodes();
     n->set_id("fc1");
@@ -421,11 +423,24 @@ TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {
   Ack("w-1", p0.command_id(), 0);
   EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
 
+  // w-2 also timed its transfers by size (a model with large activations);
+  // the planner gets them named by worker (the worker does not name itself).
+  apapo::v1::TransferCpuMeasurement t4, t19;
+  t4.set_message_bytes(4 << 20);
+  t4.set_cpu_seconds_per_byte(0.2e-9);
+  t19.set_message_bytes(19 << 20);
+  t19.set_cpu_seconds_per_byte(0.8e-9);
+  t19.set_worker_id("w-1");  // forged: the coordinator sets the sender's id
   Profile("w-1", id, 1.0, {Link("w-1", "w-2", 3.0e8, 1e-4)});
-  Profile("w-2", id, 1.0, {Link("w-2", "w-1", 2.5e8, 2e-4)});
+  Profile("w-2", id, 1.0, {Link("w-2", "w-1", 2.5e8, 2e-4)}, {t4, t19});
   scheduler_.RunOnce();
   ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
   const apapo::v1::ClusterSpec& seen = planner_.seen_cluster;
+  ASSERT_EQ(seen.transfer_cpu_size(), 2);
+  EXPECT_EQ(seen.transfer_cpu(0).worker_id(), "w-2");
+  EXPECT_EQ(seen.transfer_cpu(1).worker_id(), "w-2");
+  EXPECT_EQ(seen.transfer_cpu(1).message_bytes(), 19 << 20);
+  EXPECT_DOUBLE_EQ(seen.transfer_cpu(1).cpu_seconds_per_byte(), 0.8e-9);
   ASSERT_EQ(seen.levels_size(), 1);
   EXPECT_DOUBLE_EQ(seen.levels(0).bandwidth_bytes_per_second(), 2.5e8);
   EXPECT_DOUBLE_EQ(seen.levels(0).latency_seconds(), 2e-4);

@@ -14,6 +14,27 @@
 namespace apapo {
 namespace partitioner {
 
+double Cluster::TransferCpuPerByte(double message_bytes) const {
+  if (!(transfer_cpu_seconds_per_byte > 0)) return 0;
+  const auto& points = transfer_cpu_scale;
+  double factor = 1;
+  if (!points.empty()) {
+    if (!(message_bytes > points.front().first)) {
+      factor = points.front().second;
+    } else if (message_bytes >= points.back().first) {
+      factor = points.back().second;
+    } else {
+      size_t i = 1;
+      while (points[i].first < message_bytes) ++i;
+      const auto& [b0, f0] = points[i - 1];
+      const auto& [b1, f1] = points[i];
+      const double t = std::log(message_bytes / b0) / std::log(b1 / b0);
+      factor = f0 + t * (f1 - f0);
+    }
+  }
+  return transfer_cpu_seconds_per_byte * factor;
+}
+
 int Cluster::num_workers() const {
   int64_t n = 1;
   for (const Level& level : levels) n *= level.fanout;
@@ -164,6 +185,10 @@ std::string DescribeCluster(const Cluster& cluster) {
     absl::StrAppend(&out, ", transfers ",
                     cluster.transfer_cpu_seconds_per_byte * 1e9,
                     " ns of CPU per byte");
+    if (!cluster.transfer_cpu_scale.empty()) {
+      const auto& last = cluster.transfer_cpu_scale.back();
+      absl::StrAppend(&out, " (x", last.second, " at ", last.first, " B)");
+    }
   }
   if (cluster.allreduce_factor != 1) {
     absl::StrAppend(&out, ", all-reduce x", cluster.allreduce_factor);

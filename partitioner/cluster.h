@@ -19,6 +19,7 @@
 #define APAPO_PARTITIONER_CLUSTER_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -45,12 +46,24 @@ struct Cluster {
   // wire time that overlaps compute. 0: transfers cost no compute (as in
   // PipeDream). The kPipeDream cost model ignores it.
   double transfer_cpu_seconds_per_byte = 0;
+  // How that cost grows with the size of one message: (message bytes,
+  // factor on transfer_cpu_seconds_per_byte) in ascending bytes, the first
+  // at the size the figure above was measured with (factor 1). A message
+  // larger than the caches costs more per byte: on this development host,
+  // 0.2 ns at 4 MiB, 0.4-0.8 at 19 MiB, 1-3.5 at 64 MiB (loopback TCP, each
+  // way). Empty: the same at every size.
+  std::vector<std::pair<double, double>> transfer_cpu_scale;
   // How much longer a real all-reduce took, measured while profiling, than
   // RingAllReduceSeconds predicts for it on this cluster (Gloo's chunking,
   // reductions and synchronisation on these CPUs); multiplies every
   // all-reduce the kApapo cost model and the simulator charge. 1: as
   // modelled.
   double allreduce_factor = 1;
+
+  // CPU seconds per byte of a transfer whose messages are `message_bytes`:
+  // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
+  // size (linear in log bytes between points, the end factors beyond them).
+  double TransferCpuPerByte(double message_bytes) const;
 
   int num_workers() const;
   double speed(int worker) const {

@@ -671,8 +671,10 @@ struct LevelContext {
   int inner_fanout;          // n_{l-1} (1 at level 0)
   const LevelTable* inner;   // nullptr at level 0
   double speed;              // level-0 compute speed
-  // CPU seconds per byte sent or received (kApapo only; 0 otherwise).
+  // CPU seconds per byte sent or received (kApapo only; 0 otherwise), at
+  // the size of each message (cluster->TransferCpuPerByte).
   double transfer_cpu = 0;
+  const Cluster* cluster = nullptr;
   // Cluster::allreduce_factor (kApapo only).
   double allreduce_factor = 1;
   // Memory (level 0 only).
@@ -827,12 +829,16 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           transfer = crossing / (ctx.bandwidth * ctx.rho);
         }
         // The copies of those transfers, both ways, take the stage's CPU.
+        // Each message is taken as a whole mini-batch's (m is chosen after
+        // the DP): an upper bound where the CPU per byte grows with size.
         double copies = 0;
         if (ctx.transfer_cpu > 0) {
-          double crossing = 0;
-          if (!first || i != 0) crossing += st.out[k];
-          if (j != st.full) crossing += st.out[j];
-          copies = 2.0 * crossing / ctx.rho * ctx.transfer_cpu;
+          const auto copy = [&](double bytes) {
+            const double message = bytes / ctx.rho;
+            return message * ctx.cluster->TransferCpuPerByte(message);
+          };
+          if (!first || i != 0) copies += 2.0 * copy(st.out[k]);
+          if (j != st.full) copies += 2.0 * copy(st.out[j]);
         }
         const double ar_divisor =
             (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
@@ -1272,12 +1278,14 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
+    // A message is one micro-batch's; its CPU per byte grows with its size.
     if (!pipedream && cluster.transfer_cpu_seconds_per_byte > 0 && p > 1) {
-      double crossing = 0;
-      if (s > 0) crossing += st.out[f.k];
-      if (s + 1 < p) crossing += st.out[f.j];
-      stage.transfer_cpu_seconds =
-          crossing / rho * cluster.transfer_cpu_seconds_per_byte;
+      const auto copy = [&](double bytes) {
+        return bytes / rho *
+               cluster.TransferCpuPerByte(bytes / rho * per_micro);
+      };
+      if (s > 0) stage.transfer_cpu_seconds += copy(st.out[f.k]);
+      if (s + 1 < p) stage.transfer_cpu_seconds += copy(st.out[f.j]);
       stage.forward_seconds += stage.transfer_cpu_seconds * per_micro;
       stage.backward_seconds += stage.transfer_cpu_seconds * per_micro;
       stage.compute_seconds += 2.0 * stage.transfer_cpu_seconds / r;
@@ -1302,11 +1310,15 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
           s, 1e3 * stage.allreduce_seconds, cluster.allreduce_factor));
     }
     if (stage.transfer_cpu_seconds > 0) {
+      double crossing = 0;
+      if (s > 0) crossing += st.out[f.k];
+      if (s + 1 < p) crossing += st.out[f.j];
       plan->notes.push_back(absl::StrFormat(
           "stage %d spends %.3g ms of CPU per mini-batch on its transfers "
-          "(%.3g ns per byte, both ways), counted as compute",
+          "(%.3g ns per byte, both ways, at its messages' size), counted as "
+          "compute",
           s, 2e3 * stage.transfer_cpu_seconds / r,
-          cluster.transfer_cpu_seconds_per_byte * 1e9));
+          stage.transfer_cpu_seconds / (crossing / rho) * 1e9));
     }
   }
   if (options.schedule == schedule::ScheduleKind::kAsync &&
@@ -1558,6 +1570,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     ctx.transfer_cpu = options.cost_model == CostModel::kApapo
                            ? cluster.transfer_cpu_seconds_per_byte
                            : 0;
+    ctx.cluster = &cluster;
     ctx.allreduce_factor = cluster.allreduce_factor;
     ctx.memory = cluster.memory_bytes;
     ctx.total_workers = cluster.num_workers();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "partitioner/cluster.h"
@@ -165,6 +166,30 @@ double TransferCpuSecondsPerByte(
     if (c > 0 && c < 1) cpu.push_back(c);  // < 1 s per byte: finite, sane
   }
   return cpu.empty() ? 0 : MedianOf(cpu);
+}
+
+std::vector<std::pair<double, double>> TransferCpuScale(
+    const apapo::v1::ClusterSpec& spec) {
+  std::map<std::string, std::map<int64_t, double>> by_worker;
+  for (const auto& t : spec.transfer_cpu()) {
+    const double c = t.cpu_seconds_per_byte();
+    if (t.message_bytes() > 0 && c > 0 && c < 1) {
+      by_worker[t.worker_id()][t.message_bytes()] = c;
+    }
+  }
+  std::map<int64_t, std::vector<double>> ratios;
+  for (const auto& [worker, points] : by_worker) {
+    if (points.size() < 2) continue;
+    const double reference = points.begin()->second;
+    for (const auto& [bytes, c] : points) ratios[bytes].push_back(c / reference);
+  }
+  std::vector<std::pair<double, double>> out;
+  for (auto& [bytes, r] : ratios) {
+    out.push_back({static_cast<double>(bytes),
+                   std::clamp(MedianOf(r), 1.0, 20.0)});
+  }
+  if (out.size() < 2) out.clear();
+  return out;
 }
 
 double AllReduceFactor(const apapo::v1::ClusterSpec& spec,

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/apapo/v1/profile.pb.h"
@@ -56,6 +57,15 @@ NetworkLevels InferNetworkLevels(
 // plan; 0 when none was measured.
 double TransferCpuSecondsPerByte(
     const google::protobuf::RepeatedPtrField<apapo::v1::LinkMeasurement>& links);
+
+// pt::Cluster::transfer_cpu_scale from what the workers timed
+// (ClusterSpec.transfer_cpu): each worker's figures divided by its figure at
+// its smallest size (the link test's, the reference), the median of those
+// ratios at each size, in ascending bytes, each kept within [1, 20]; empty
+// when no worker timed more than the reference. Figures that are not
+// positive and finite, or sizes that are not positive, are left out.
+std::vector<std::pair<double, double>> TransferCpuScale(
+    const apapo::v1::ClusterSpec& spec);
 
 // pt::Cluster::allreduce_factor from what the workers timed: the median
 // over spec.allreduces of the measured time / RingAllReduceSeconds of the

@@ -1,6 +1,8 @@
 #include "planning/network_levels.h"
 
+#include <cmath>
 #include <functional>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -154,6 +156,50 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   EXPECT_EQ(AllReduceFactor(spec, 0), 20);
   spec.clear_links();
   EXPECT_EQ(AllReduceFactor(spec, 0), 1);
+}
+
+// Each worker's figures over its own figure at its smallest size (the link
+// test's), the median per size: a worker twice as dear everywhere scales
+// alike, and one disturbed figure does not move the median.
+TEST(NetworkLevelsTest, TheTransferCpuScaleIsEachWorkersRatioToItsReference) {
+  apapo::v1::ClusterSpec spec;
+  const auto add = [&](const std::string& w, int64_t bytes, double cpu) {
+    auto* t = spec.add_transfer_cpu();
+    t->set_worker_id(w);
+    t->set_message_bytes(bytes);
+    t->set_cpu_seconds_per_byte(cpu);
+  };
+  EXPECT_TRUE(TransferCpuScale(spec).empty());  // nothing timed
+  add("a", 4 << 20, 0.2e-9);
+  add("a", 19 << 20, 0.8e-9);
+  add("b", 4 << 20, 0.4e-9);
+  add("b", 19 << 20, 1.2e-9);
+  add("c", 4 << 20, 0.2e-9);
+  add("c", 19 << 20, 9e-9);  // disturbed
+  auto scale = TransferCpuScale(spec);
+  ASSERT_EQ(scale.size(), 2u);
+  EXPECT_EQ(scale[0].first, 4 << 20);
+  EXPECT_DOUBLE_EQ(scale[0].second, 1.0);
+  EXPECT_EQ(scale[1].first, 19 << 20);
+  EXPECT_DOUBLE_EQ(scale[1].second, 4.0);  // median of 4, 3 and 45
+  // A worker with one size has no ratio; hostile figures are left out; a
+  // ratio is kept within [1, 20] (a large message is not cheaper).
+  spec.clear_transfer_cpu();
+  add("a", 4 << 20, 0.4e-9);
+  add("a", 8 << 20, 0.2e-9);
+  add("a", 64 << 20, 1.0);  // a second per byte: not a measurement
+  add("a", -5, 1e-9);
+  add("a", 32 << 20, std::nan(""));
+  add("b", 19 << 20, 1e-9);
+  scale = TransferCpuScale(spec);
+  ASSERT_EQ(scale.size(), 2u);
+  EXPECT_DOUBLE_EQ(scale[1].second, 1.0);
+  spec.clear_transfer_cpu();
+  add("a", 4 << 20, 0.4e-9);
+  add("a", 64 << 20, 0.4e-6);
+  scale = TransferCpuScale(spec);
+  ASSERT_EQ(scale.size(), 2u);
+  EXPECT_DOUBLE_EQ(scale[1].second, 20.0);
 }
 
 }  // namespace

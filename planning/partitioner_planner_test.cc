@@ -268,7 +268,39 @@ TEST(PartitionerPlannerTest, TheCopiesCpuTheWorkersMeasuredDecidesTheCut) {
   EXPECT_THAT(piped->notes(),
               ::testing::Contains(::testing::HasSubstr(
                   "stage 0 spends 3.8 ms of CPU per mini-batch on its "
-                  "transfers (0.1 ns per byte, both ways)")));
+                  "transfers (0.1 ns per byte, both ways, at its messages' "
+                  "size)")));
+
+  // The workers also timed their loopback at the cut's 19 MB messages: 6x
+  // the per-byte CPU of the link test's 4 MiB (the median of 6, 6 and a
+  // disturbed 40). Each stage would copy for 23 ms, the replicas win.
+  for (const char* w : {"alpha", "beta", "gamma"}) {
+    for (auto [bytes, cpu] : {std::pair<int64_t, double>{4 << 20, 0.2e-9},
+                              {19000000, std::string(w) == "alpha" ? 1.2e-9
+                                         : std::string(w) == "beta" ? 1.2e-9
+                                                                    : 8e-9}}) {
+      auto* t = cheap.add_transfer_cpu();
+      t->set_worker_id(w);
+      t->set_message_bytes(bytes);
+      t->set_cpu_seconds_per_byte(cpu);
+    }
+  }
+  auto scaled = planner.MakePlan(spec, WideCutProfile(), cheap);
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  ASSERT_EQ(scaled->stages_size(), 1) << scaled->DebugString();
+  EXPECT_EQ(scaled->stages(0).placement_size(), 2);
+  // Told the same pipeline, the simulator charges each stage the copies at
+  // the size of its messages: the prediction drops by that much.
+  spec.mutable_schedule()->set_stages(2);
+  auto forced = planner.MakePlan(spec, WideCutProfile(), cheap);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  ASSERT_EQ(forced->stages_size(), 2);
+  EXPECT_THAT(forced->notes(),
+              ::testing::Contains(::testing::HasSubstr(
+                  "stage 0 spends 22.8 ms of CPU per mini-batch on its "
+                  "transfers (0.6 ns per byte")));
+  EXPECT_LT(forced->prediction().samples_per_second(),
+            piped->prediction().samples_per_second());
 }
 
 // The benchmark mlp's shape: fc0 costs 1, fc1-fc3 cost 3 each (a Linear's

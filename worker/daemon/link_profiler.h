@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "proto/apapo/v1/worker.pb.h"
+#include "worker/daemon/transfer_cpu_probe.h"
 
 namespace apapo::worker {
 
@@ -52,7 +53,7 @@ struct LinkProfileOptions {
   std::string host = "127.0.0.1";
   // Size of the large messages: a few MB, the order of the activations a
   // stage boundary carries per micro-batch.
-  int64_t message_bytes = 4 << 20;
+  int64_t message_bytes = kLinkTestMessageBytes;
   // Timed round trips of the large and of the 8-byte messages.
   int round_trips = 4;
   int latency_round_trips = 8;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/random/random.h"
 #include "worker/checkpoint_store.h"
+#include "worker/daemon/transfer_cpu_probe.h"
 #include "worker/file_system.h"
 #include "worker/model_builder.h"
 #include "worker/optimizer.h"
@@ -424,6 +425,15 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     }
   }
   if (cal->checkpoint.has_value()) *result.mutable_checkpoint() = *cal->checkpoint;
+  // What a message costs this CPU by size, up to the largest a cut of this
+  // model could carry (a whole mini-batch's activation, one micro-batch).
+  int64_t largest = 0;
+  for (const auto& np : profile->nodes()) {
+    largest = std::max(largest, np.activation_bytes());
+  }
+  for (auto& m : MeasureTransferCpuBySize(largest, kLinkTestMessageBytes)) {
+    *result.add_transfer_cpu() = std::move(m);
+  }
   apapo::v1::WorkerResources* res = result.mutable_resources();
   res->set_relative_speed(0);  // the coordinator derives it
   int64_t memory = spec.resources().memory_per_worker_bytes();

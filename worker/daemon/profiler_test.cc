@@ -85,6 +85,29 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
   EXPECT_EQ(result->resources().relative_speed(), 0);
   EXPECT_GT(result->resources().memory_bytes(), 0);
   EXPECT_EQ(result->job_id(), "job-p");
+  // Its largest activation (100 KB) is well under the link test's 4 MiB:
+  // that figure holds, nothing more is timed.
+  EXPECT_EQ(result->transfer_cpu_size(), 0);
+}
+
+// A model whose cuts can carry more than twice the link test's messages:
+// the worker times its loopback at 4 MiB, at the largest activation (a
+// whole mini-batch's, 4096 x 784 floats) and between.
+TEST(ProfileJobTest, TimesTransfersUpToTheLargestActivation) {
+  apapo::v1::ProfileCommand c = MlpCommand(16, 1, 4096, 4);
+  c.mutable_spec()->mutable_data()->mutable_synthetic()->set_samples_per_epoch(
+      8192);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->transfer_cpu_size(), 3);
+  EXPECT_EQ(result->transfer_cpu(0).message_bytes(), 4 << 20);
+  EXPECT_EQ(result->transfer_cpu(2).message_bytes(), 4096 * 784 * 4);
+  EXPECT_GT(result->transfer_cpu(1).message_bytes(), 4 << 20);
+  EXPECT_LT(result->transfer_cpu(1).message_bytes(), 4096 * 784 * 4);
+  for (const auto& t : result->transfer_cpu()) {
+    EXPECT_GT(t.cpu_seconds_per_byte(), 0) << t.message_bytes();
+    EXPECT_LT(t.cpu_seconds_per_byte(), 1e-6) << t.message_bytes();
+  }
 }
 
 TEST(ProfileJobTest, SpecMemoryWinsAndCancellationStops) {
