@@ -17,6 +17,8 @@ using apapo::v1::JobState;
 
 // The network level's bandwidth when no link was measured (one worker).
 constexpr double kAssumedBandwidth = 1e9;
+// Transfer CPU figures taken from one worker's profile (it sends 3).
+constexpr int kMaxTransferCpuPoints = 8;
 
 google::protobuf::Duration ToProtoDuration(absl::Duration d) {
   return google::protobuf::util::TimeUtil::NanosecondsToDuration(
@@ -399,7 +401,11 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
       *c = r.checkpoint();
       c->set_worker_id(w);
     }
+    // A worker times 3 sizes; a longer list is cut, so no worker can make
+    // the planner's cost curve (walked in its inner loop) long.
+    int kept = 0;
     for (const auto& t : r.transfer_cpu()) {
+      if (++kept > kMaxTransferCpuPoints) break;
       apapo::v1::TransferCpuMeasurement* c = cluster.add_transfer_cpu();
       *c = t;
       c->set_worker_id(w);

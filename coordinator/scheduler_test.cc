@@ -441,6 +441,7 @@ TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {
   EXPECT_EQ(seen.transfer_cpu(1).worker_id(), "w-2");
   EXPECT_EQ(seen.transfer_cpu(1).message_bytes(), 19 << 20);
   EXPECT_DOUBLE_EQ(seen.transfer_cpu(1).cpu_seconds_per_byte(), 0.8e-9);
+
   ASSERT_EQ(seen.levels_size(), 1);
   EXPECT_DOUBLE_EQ(seen.levels(0).bandwidth_bytes_per_second(), 2.5e8);
   EXPECT_DOUBLE_EQ(seen.levels(0).latency_seconds(), 2e-4);
@@ -462,6 +463,33 @@ TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {
   CoordinatorMessage a0 = Next("w-1");
   EXPECT_EQ(a0.assign().rendezvous().store_port(), 0);
   EXPECT_EQ(a0.assign().rendezvous().prefix(), id);
+}
+
+// A worker sends 3 transfer CPU figures; one that sends thousands would
+// make the planner's cost curve (walked in its inner loop) long: the
+// coordinator keeps the first 8 of each worker's.
+TEST_F(SchedulerTest, AWorkersTransferCpuFiguresAreCapped) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  std::vector<apapo::v1::TransferCpuMeasurement> many(5000);
+  for (size_t i = 0; i < many.size(); ++i) {
+    many[i].set_message_bytes(static_cast<int64_t>(i + 1) << 20);
+    many[i].set_cpu_seconds_per_byte(1e-9);
+  }
+  Profile("w-1", id, 1.0, {}, many);
+  Profile("w-2", id, 1.0, {}, {many[0], many[1]});
+  scheduler_.RunOnce();
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  const apapo::v1::ClusterSpec& seen = planner_.seen_cluster;
+  int from_w1 = 0, from_w2 = 0;
+  for (const auto& t : seen.transfer_cpu()) {
+    (t.worker_id() == "w-1" ? from_w1 : from_w2)++;
+  }
+  EXPECT_EQ(from_w1, 8);
+  EXPECT_EQ(from_w2, 2);
 }
 
 TEST_F(SchedulerTest, LinksFastWithinHostsAndSlowBetweenMakeTwoLevels) {

@@ -24,10 +24,12 @@ double Cluster::TransferCpuPerByte(double message_bytes) const {
     } else if (message_bytes >= points.back().first) {
       factor = points.back().second;
     } else {
-      size_t i = 1;
-      while (points[i].first < message_bytes) ++i;
-      const auto& [b0, f0] = points[i - 1];
-      const auto& [b1, f1] = points[i];
+      // The first point at or above the size (not the first: it is below).
+      const auto at = std::lower_bound(
+          points.begin(), points.end(), message_bytes,
+          [](const std::pair<double, double>& p, double b) { return p.first < b; });
+      const auto& [b0, f0] = *(at - 1);
+      const auto& [b1, f1] = *at;
       const double t = std::log(message_bytes / b0) / std::log(b1 / b0);
       factor = f0 + t * (f1 - f0);
     }
