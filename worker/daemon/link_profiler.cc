@@ -64,15 +64,6 @@ std::string Key(const std::string& phase, int rank) {
   return absl::StrCat(phase, "/", rank);
 }
 
-// CPU seconds this process has used, every thread together: Gloo's I/O
-// threads do the socket copies, and the kernel charges loopback delivery to
-// the sender.
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

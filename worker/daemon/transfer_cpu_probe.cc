@@ -7,11 +7,13 @@
 #include <unistd.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -21,12 +23,6 @@
 namespace apapo {
 namespace worker {
 namespace {
-
-double ProcessCpu() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 absl::Status Errno(const char* call) {
   return absl::UnavailableError(
@@ -56,6 +52,12 @@ bool ReadAll(int fd, uint8_t* data, int64_t n) {
 }
 
 }  // namespace
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 absl::StatusOr<double> MeasureTransferCpu(int64_t bytes, int warmups,
                                           int timed) {
@@ -114,13 +116,13 @@ absl::StatusOr<double> MeasureTransferCpu(int64_t bytes, int warmups,
   double start = 0;
   bool received_ok = true;
   for (int i = 0; i < total && received_ok; ++i) {
-    if (i == warmups) start = ProcessCpu();
+    if (i == warmups) start = ProcessCpuSeconds();
     at::Tensor buffer = torch::empty({bytes}, torch::kUInt8);
     const uint8_t ack = 1;
     received_ok = ReadAll(receiver, buffer.data_ptr<uint8_t>(), bytes) &&
                   WriteAll(receiver, &ack, 1);
   }
-  const double cpu = ProcessCpu() - start;
+  const double cpu = ProcessCpuSeconds() - start;
   if (!received_ok) ::shutdown(receiver, SHUT_RDWR);
   send_thread.join();
   if (!received_ok || !sent_ok) {

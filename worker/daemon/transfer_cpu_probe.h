@@ -27,6 +27,11 @@
 namespace apapo {
 namespace worker {
 
+// CPU seconds this process has used, every thread together (the probe's
+// and the link test's meter: the kernel charges a loopback delivery to the
+// sender, and Gloo's socket copies run on its own threads).
+double ProcessCpuSeconds();
+
 // The size the link test times its large messages at
 // (LinkProfileOptions::message_bytes): the reference the other sizes are
 // compared with.
