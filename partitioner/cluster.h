@@ -64,6 +64,10 @@ struct Cluster {
   // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
   // size (linear in log bytes between points, the end factors beyond them).
   double TransferCpuPerByte(double message_bytes) const;
+  // CPU seconds the copies of one `message_bytes` message take at that rate.
+  double TransferCpuSeconds(double message_bytes) const {
+    return message_bytes * TransferCpuPerByte(message_bytes);
+  }
 
   int num_workers() const;
   double speed(int worker) const {

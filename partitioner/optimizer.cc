@@ -833,12 +833,13 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // the DP): an upper bound where the CPU per byte grows with size.
         double copies = 0;
         if (ctx.transfer_cpu > 0) {
-          const auto copy = [&](double bytes) {
-            const double message = bytes / ctx.rho;
-            return message * ctx.cluster->TransferCpuPerByte(message);
-          };
-          if (!first || i != 0) copies += 2.0 * copy(st.out[k]);
-          if (j != st.full) copies += 2.0 * copy(st.out[j]);
+          const Cluster& c = *ctx.cluster;
+          if (!first || i != 0) {
+            copies += 2.0 * c.TransferCpuSeconds(st.out[k] / ctx.rho);
+          }
+          if (j != st.full) {
+            copies += 2.0 * c.TransferCpuSeconds(st.out[j] / ctx.rho);
+          }
         }
         const double ar_divisor =
             (pipedream && !first) ? 1.0 : static_cast<double>(ctx.inner_fanout);
@@ -1280,9 +1281,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     // on the forward pass, their gradients on the backward pass.
     // A message is one micro-batch's; its CPU per byte grows with its size.
     if (!pipedream && cluster.transfer_cpu_seconds_per_byte > 0 && p > 1) {
+      // Per mini-batch: m messages of 1/m of the bytes.
       const auto copy = [&](double bytes) {
-        return bytes / rho *
-               cluster.TransferCpuPerByte(bytes / rho * per_micro);
+        return cluster.TransferCpuSeconds(bytes / rho * per_micro) / per_micro;
       };
       if (s > 0) stage.transfer_cpu_seconds += copy(st.out[f.k]);
       if (s + 1 < p) stage.transfer_cpu_seconds += copy(st.out[f.j]);

@@ -116,12 +116,9 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
   cluster.allreduce_factor = AllReduceFactor(spec, cpu_per_byte);
-  const auto copy = [&](double bytes) {
-    return bytes * cluster.TransferCpuPerByte(bytes);
-  };
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
-    double cpu = copy(p.stages[s].output_bytes);
-    if (s > 0) cpu += copy(p.stages[s - 1].output_bytes);
+    double cpu = cluster.TransferCpuSeconds(p.stages[s].output_bytes);
+    if (s > 0) cpu += cluster.TransferCpuSeconds(p.stages[s - 1].output_bytes);
     p.stages[s].transfer_cpu_seconds = cpu;
     p.stages[s].forward_seconds += p.stages[s].transfer_cpu_seconds;
     p.stages[s].backward_seconds += p.stages[s].transfer_cpu_seconds;
