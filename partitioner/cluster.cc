@@ -23,6 +23,15 @@ double Cluster::TransferCpuPerByte(double message_bytes) const {
       factor = points.front().second;
     } else if (message_bytes >= points.back().first) {
       factor = points.back().second;
+      if (points.size() >= 2) {
+        const auto& [b0, f0] = points[points.size() - 2];
+        const auto& [b1, f1] = points.back();
+        if (f1 > f0 && b1 > b0) {
+          const double t = std::log(message_bytes / b1) / std::log(b1 / b0);
+          factor = std::min(f1 + t * (f1 - f0),
+                            std::max(f1, kMaxTransferCpuFactor));
+        }
+      }
     } else {
       // The first point at or above the size (not the first: it is below).
       const auto at = std::lower_bound(

@@ -36,6 +36,11 @@ struct Level {
   double bandwidth = kDefaultBandwidth;  // bytes/second between those units
 };
 
+// The largest factor transfer_cpu_scale may hold, or TransferCpuPerByte
+// extrapolate to: 20x the reference figure (measured here: at most ~17x,
+// 3.5 ns at 64 MiB against 0.2 at 4 MiB).
+inline constexpr double kMaxTransferCpuFactor = 20;
+
 struct Cluster {
   std::vector<Level> levels;  // innermost first; never empty once valid
   double memory_bytes = 0;    // per device; 0 = unlimited
@@ -51,7 +56,8 @@ struct Cluster {
   // at the size the figure above was measured with (factor 1). A message
   // larger than the caches costs more per byte: on this development host,
   // 0.2 ns at 4 MiB, 0.4-0.8 at 19 MiB, 1-3.5 at 64 MiB (loopback TCP, each
-  // way). Empty: the same at every size.
+  // way). Empty: the same at every size. Factors stay within
+  // [1, kMaxTransferCpuFactor].
   std::vector<std::pair<double, double>> transfer_cpu_scale;
   // How much longer a real all-reduce took, measured while profiling, than
   // RingAllReduceSeconds predicts for it on this cluster (Gloo's chunking,
@@ -62,7 +68,10 @@ struct Cluster {
 
   // CPU seconds per byte of a transfer whose messages are `message_bytes`:
   // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
-  // size (linear in log bytes between points, the end factors beyond them).
+  // size: linear in log bytes between points; below the first, its factor;
+  // above the last, the last segment's slope continued where it rises (the
+  // probe stops at 32 MiB, and the cost per byte still grew from 16 to 64
+  // MiB here) up to kMaxTransferCpuFactor, else the last factor.
   double TransferCpuPerByte(double message_bytes) const;
   // CPU seconds the copies of one `message_bytes` message take at that rate.
   double TransferCpuSeconds(double message_bytes) const {

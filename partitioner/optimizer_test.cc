@@ -608,7 +608,8 @@ Graph WideCut() { return TwoLayers("conv", "head", 0.05, 0.1, 19e6, 5e6); }
 
 // The CPU a transfer takes per byte grows with its messages' size
 // (measured: a message past the caches copies at memory speed), linear in
-// log bytes between the measured sizes and flat beyond them.
+// log bytes between the measured sizes and below them flat; above them the
+// last rise goes on, up to kMaxTransferCpuFactor.
 TEST(ClusterTest, TransferCpuPerByteGrowsWithMessageSize) {
   Cluster c;
   c.transfer_cpu_seconds_per_byte = 0.2e-9;
@@ -619,7 +620,15 @@ TEST(ClusterTest, TransferCpuPerByteGrowsWithMessageSize) {
   EXPECT_NEAR(c.TransferCpuPerByte(8 << 20), 0.3e-9, 1e-18);
   EXPECT_NEAR(c.TransferCpuPerByte(16 << 20), 0.4e-9, 1e-18);
   EXPECT_NEAR(c.TransferCpuPerByte(32 << 20), 1.0e-9, 1e-18);
-  EXPECT_NEAR(c.TransferCpuPerByte(1e12), 1.6e-9, 1e-18);
+  // Past 64 MiB, 6 more per 4x: 11 at 128 MiB, and never above 20.
+  EXPECT_NEAR(c.TransferCpuPerByte(128 << 20), 2.2e-9, 1e-18);
+  EXPECT_NEAR(c.TransferCpuPerByte(1e12), 0.2e-9 * kMaxTransferCpuFactor, 1e-18);
+  // A last segment that falls (a noisy probe) is not extended downwards,
+  // nor is a single point.
+  c.transfer_cpu_scale = {{4 << 20, 1.0}, {16 << 20, 3.0}, {32 << 20, 2.0}};
+  EXPECT_NEAR(c.TransferCpuPerByte(1e9), 0.4e-9, 1e-18);
+  c.transfer_cpu_scale = {{4 << 20, 1.0}};
+  EXPECT_NEAR(c.TransferCpuPerByte(1e9), 0.2e-9, 1e-18);
   c.transfer_cpu_seconds_per_byte = 0;  // unmeasured: transfers are free
   EXPECT_EQ(c.TransferCpuPerByte(32 << 20), 0);
 }

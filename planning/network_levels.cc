@@ -186,7 +186,7 @@ std::vector<std::pair<double, double>> TransferCpuScale(
   std::vector<std::pair<double, double>> out;
   for (auto& [bytes, r] : ratios) {
     out.push_back({static_cast<double>(bytes),
-                   std::clamp(MedianOf(r), 1.0, 20.0)});
+                   std::clamp(MedianOf(r), 1.0, partitioner::kMaxTransferCpuFactor)});
   }
   if (out.size() < 2) out.clear();
   return out;

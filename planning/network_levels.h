@@ -61,9 +61,10 @@ double TransferCpuSecondsPerByte(
 // pt::Cluster::transfer_cpu_scale from what the workers timed
 // (ClusterSpec.transfer_cpu): each worker's figures divided by its figure at
 // its smallest size (the link test's, the reference), the median of those
-// ratios at each size, in ascending bytes, each kept within [1, 20]; empty
-// when no worker timed more than the reference. Figures that are not
-// positive and finite, or sizes that are not positive, are left out.
+// ratios at each size, in ascending bytes, each kept within
+// [1, partitioner::kMaxTransferCpuFactor]; empty when no worker timed more
+// than the reference. Figures that are not positive and finite, or sizes
+// that are not positive, are left out.
 std::vector<std::pair<double, double>> TransferCpuScale(
     const apapo::v1::ClusterSpec& spec);
 

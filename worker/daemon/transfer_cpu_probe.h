@@ -37,8 +37,9 @@ double ProcessCpuSeconds();
 // compared with.
 inline constexpr int64_t kLinkTestMessageBytes = int64_t{4} << 20;
 
-// The largest message the probe moves; a larger activation is charged this
-// size's figure (timing 64 MiB messages took seconds here).
+// The largest message the probe moves (timing 64 MiB messages took seconds
+// here); for a larger activation the planner continues the rise of the
+// figures below it (partitioner::Cluster::TransferCpuPerByte).
 inline constexpr int64_t kMaxTransferProbeBytes = int64_t{32} << 20;
 
 // CPU seconds per byte of `bytes`-byte messages (1 .. kMaxTransferProbeBytes):
