@@ -285,10 +285,13 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
       plan.model(), plan.stages_size(), plan.num_workers(),
       ScheduleName(plan.schedule()), plan.micro_batches(), plan.in_flight(),
       plan.cost_model().empty() ? "apapo" : plan.cost_model());
+  // Per stage, the prediction (compute and all-reduce per mini-batch)
+  // beside the measurement: busy s/mb is a replica's busy seconds per
+  // optimizer step, the mean over the stage's replicas that reported.
   absl::StrAppend(&out, absl::StrFormat(
-      "%-5s %-28s %-4s %-16s %10s %10s %10s %11s %10s %10s\n", "stage",
+      "%-5s %-28s %-4s %-16s %10s %10s %10s %11s %10s %10s %10s\n", "stage",
       "layers", "reps", "workers", "pred s/mb", "allreduce", "comm s",
-      "memory", "busy s", "idle s"));
+      "memory", "busy s", "idle s", "busy s/mb"));
   for (const auto& stage : plan.stages()) {
     std::string layers;
     if (stage.node_ids_size() <= 3) {
@@ -300,22 +303,28 @@ std::string FormatPlan(const apapo::v1::GetPlanResponse& response) {
     }
     std::vector<std::string> workers;
     for (const auto& r : stage.placement()) workers.push_back(r.worker_id());
-    double busy = 0, idle = 0;
+    double busy = 0, idle = 0, per_step = 0;
+    int stepped = 0;
     bool measured = false;
     for (const auto& s : response.measured().stages()) {
       if (s.stage() == stage.index()) {
         busy += s.busy_seconds();
         idle += s.idle_seconds();
         measured = true;
+        if (s.steps() > 0) {
+          per_step += s.busy_seconds() / static_cast<double>(s.steps());
+          ++stepped;
+        }
       }
     }
     absl::StrAppend(&out, absl::StrFormat(
-        "%-5d %-28s %-4d %-16s %10.5f %10.5f %10.5f %11s %10s %10s\n",
+        "%-5d %-28s %-4d %-16s %10.5f %10.5f %10.5f %11s %10s %10s %10s\n",
         stage.index(), layers, stage.replicas(), absl::StrJoin(workers, ","),
         stage.compute_seconds(), stage.allreduce_seconds(),
         stage.comm_seconds(), FormatBytes(stage.peak_memory_bytes()),
         measured ? absl::StrFormat("%.2f", busy) : "-",
-        measured ? absl::StrFormat("%.2f", idle) : "-"));
+        measured ? absl::StrFormat("%.2f", idle) : "-",
+        stepped > 0 ? absl::StrFormat("%.5f", per_step / stepped) : "-"));
   }
   const auto& pred = plan.prediction();
   absl::StrAppend(&out, absl::StrFormat(

@@ -23,6 +23,7 @@
 namespace apapo::cli {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -279,6 +280,7 @@ TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {
     m->set_stage(i);
     m->set_busy_seconds(10);
     m->set_idle_seconds(1);
+    m->set_steps(i == 0 ? 200 : 0);  // stage 1 has not said over how many
   }
   plan->mutable_prediction()->set_samples_per_second(2000);
   r.mutable_measured()->set_samples_per_second(1500);
@@ -287,6 +289,10 @@ TEST(FormatTest, PlanTableShowsPredictionsAndMeasurements) {
   EXPECT_THAT(table, HasSubstr("w-b"));
   EXPECT_THAT(table, HasSubstr("100.0 MiB"));
   EXPECT_THAT(table, HasSubstr("10.00"));
+  // Stage 0 measured beside its prediction: 10 s over 200 steps.
+  EXPECT_THAT(table, HasSubstr("busy s/mb"));
+  EXPECT_THAT(table, ContainsRegex("\n0 .* 0\\.05000 .* 10\\.00 +1\\.00 +0\\.05000\n"));
+  EXPECT_THAT(table, ContainsRegex("\n1 .* 10\\.00 +1\\.00 +-\n"));
   EXPECT_THAT(table, HasSubstr("measured:  1500.0 samples/s (0.75x the prediction)"));
   EXPECT_THAT(table, Not(HasSubstr("checkpoint")));
 

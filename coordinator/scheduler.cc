@@ -840,6 +840,7 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
     sp->set_worker_id(w);
     sp->set_busy_seconds(s.busy_seconds());
     sp->set_idle_seconds(s.idle_seconds());
+    sp->set_steps(std::max<int64_t>(0, r.step() - r.resumed_step()));
     sp->set_comm_seconds(s.comm_exposed_seconds());
     sp->set_comm_hidden_fraction(
         s.comm_total_seconds() > 0

@@ -267,6 +267,7 @@ TEST_F(SchedulerTest, FullLifecycleToSucceededWithProgress) {
   EXPECT_EQ(p.eta().seconds(), 30);  // 300 steps at 10 steps/s
   ASSERT_EQ(p.stages_size(), 1);
   EXPECT_DOUBLE_EQ(p.stages(0).comm_hidden_fraction(), 0.75);
+  EXPECT_EQ(p.stages(0).steps(), 300);  // its busy seconds' steps
 
   for (const char* w : {"w-1", "w-2"}) {
     WorkerMessage done;
@@ -729,6 +730,9 @@ TEST_F(SchedulerTest, LostWorkerReplansOnTheSurvivorFromItsProfileAndResumes) {
   EXPECT_EQ(job->restart_history(0).resumed_step(), 200);
   // Progress shows the steps since the checkpoint being trained again.
   EXPECT_EQ(job->progress().step(), 250);
+  // The stage's busy seconds count the 50 steps since its restart.
+  ASSERT_EQ(job->progress().stages_size(), 1);
+  EXPECT_EQ(job->progress().stages(0).steps(), 50);
   EXPECT_DOUBLE_EQ(job->restart_history(0).seconds_lost(), 4);
   EXPECT_THAT(jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message(),
               HasSubstr("training again from step 200 (the fault came at step 340), "
