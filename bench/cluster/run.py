@@ -319,13 +319,19 @@ def inner(a):
                     for row in (rows if rnd % 2 == 0 else rows[::-1]):
                         if row == "single":
                             continue
-                        # Only the peer's DDP gets the short run: ours reports
-                        # its rate from step kRateWarmupSteps (10) on, and a
-                        # run of under 2 x 10 steps reports it over every
-                        # step, warm-up included (replicasN at 1 Gbit/s ran
-                        # 12 steps and read 0.75x its steady rate).
-                        short = row == "ddp" and l != "unshaped" and rate_bits(l) <= 1e9
+                        # On slow links, where an all-reduce takes seconds,
+                        # data parallelism gets a short run: the peer's DDP
+                        # --dp_warmup + --dp_steps, ours --warmup +
+                        # --dp_ours_steps. Ours reports its rate from step
+                        # kRateWarmupSteps (10) on, and a run of 20 steps or
+                        # fewer reports it over every step, warm-up included
+                        # (replicasN at 1 Gbit/s ran 12 steps and read 0.75x
+                        # its steady rate), so its run stays above 20.
+                        slow = l != "unshaped" and rate_bits(l) <= 1e9
+                        short = slow and row == "ddp"
                         steps = (a.dp_warmup + a.dp_steps) if short else full
+                        if slow and row.startswith("replicas"):
+                            steps = min(full, a.warmup + a.dp_ours_steps)
                         warm = a.dp_warmup if short else a.warmup
                         t = time.time()
                         if is_ours(row):
@@ -399,6 +405,11 @@ def main():
                     help="warm-up steps of the DDP row at <= 1 Gbit/s, "
                          "where one step takes seconds")
     ap.add_argument("--dp_steps", type=int, default=10)
+    ap.add_argument("--dp_ours_steps", type=int, default=15,
+                    help="timed steps of ours forced to data parallelism "
+                         "(replicasN) at <= 1 Gbit/s, after --warmup; their "
+                         "sum must exceed 20 (ours counts its rate from step 10 "
+                         "only in longer runs)")
     ap.add_argument("--run_timeout_s", type=float, default=600)
     ap.add_argument("--accuracy", default="",
                     help="MODEL:LINK:ROW,... after the rounds, one full run of each of "
@@ -411,6 +422,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--root_netns", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.warmup + a.dp_ours_steps <= 20:
+        ap.error("--warmup + --dp_ours_steps must exceed 20: ours reports its "
+                 "rate after its first 10 steps only in runs longer than 20")
     if not a.root_netns:
         return outer(sys.argv[1:])
     for path in (rt.WORKER, rt.COORDINATOR):
