@@ -107,6 +107,13 @@ class EndToEndTest(unittest.TestCase):
         self.assertIn("the prediction with checkpoints)", r.stdout)
         self.assertIn("(slowest measured link)", r.stdout)
         self.assertIn("link w-1 -> w-2:", r.stdout)
+        # Every stage's measured busy seconds per mini-batch beside its
+        # prediction: each reported the 400 steps it ran.
+        self.assertEqual({s.steps for s in job.progress.stages}, {400}, job.progress)
+        self.assertIn("busy s/mb", r.stdout)
+        for stage in plan.plan.stages:
+            row = re.search(r"^%d .* ([0-9.]+)$" % stage.index, r.stdout, re.M)
+            self.assertTrue(row and float(row.group(1)) > 0, r.stdout)
         r = subprocess.run([ctl, f"--coordinator=127.0.0.1:{c.port}", "watch", job_id],
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
