@@ -26,6 +26,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   single     apapo-worker --local=1 on one core (bench/runtime's row)
   auto       ours, the planner's choice on the profile measured for this job
   async      ours, async 2-stage pipeline forced (planned cut)
+  1f1b_flush ours, the synchronous 1F1B schedule (a flush per mini-batch)
+  gpipe      and GPipe's, each on 2 stages with 4 micro-batches of 32
   replicas2  ours, data parallelism forced (1 stage x 2 replicas;
              replicasN: N replicas, e.g. replicas4 with --layout=2x2)
   ddp        PyTorch DDP, Gloo, rank per host
@@ -64,14 +66,14 @@ from proto.apapo.v1 import job_pb2  # noqa: E402
 LAB = os.path.join(ROOT, "deploy", "cluster-lab.sh")
 PREFIX = "apb"
 HOST = ("198.18.0.1", "198.18.0.2")
-ROWS = ["single", "auto", "async", "replicas2", "ddp"]
+ROWS = ["single", "auto", "async", "1f1b_flush", "gpipe", "replicas2", "ddp"]
 LINKS = ["unshaped", "10gbit", "1gbit", "100mbit"]
 LAYOUTS = {"2x1": 1, "2x2": 2}  # workers per host, on two hosts
 
 
 def is_ours(row):
     row = rt.row_variant(row)[0]
-    return row in ("auto", "async") or row.startswith("replicas")
+    return row in ("auto", "async", "1f1b_flush", "gpipe") or row.startswith("replicas")
 
 
 def on_host(i):

@@ -424,7 +424,8 @@ class Cluster:
                "wall_s": time.time() - t,
                "stages": [{"stage": s.stage, "worker": s.worker_id,
                            "busy_s": s.busy_seconds, "idle_s": s.idle_seconds,
-                           "comm_s": s.comm_seconds} for s in job.progress.stages]}
+                           "comm_s": s.comm_seconds, "steps": s.steps}
+                          for s in job.progress.stages]}
         try:
             plan = self.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
             p = plan.plan
@@ -454,6 +455,11 @@ class Cluster:
                                   for c in plan.cluster.checkpoints]
             res["plan_kind"] = plan_pb2.ScheduleKind.Name(p.schedule)
             res["plan_shape"] = [s.replicas for s in p.stages]
+            # Each stage's predicted seconds per mini-batch, beside its
+            # measured busy_s / steps above (apapoctl plan's busy s/mb).
+            res["stage_predictions"] = [{"stage": s.index, "compute_s": s.compute_seconds,
+                                         "allreduce_s": s.allreduce_seconds}
+                                        for s in p.stages]
             res["links"] = [{"from": l.from_worker, "to": l.to_worker,
                              "bytes_per_s": l.bandwidth_bytes_per_second,
                              "cpu_ns_per_byte": l.cpu_seconds_per_byte * 1e9}
