@@ -1369,11 +1369,29 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       plan->bubble_fraction = 0;
     }
   } else {
-    // Flush: an iteration of m micro-batches takes about (m + p - 1) t.
+    // Flush: an iteration of m micro-batches takes (m - 1) slots of the
+    // bottleneck's t / m plus the fill and drain of one micro-batch's path:
+    // PipeDream's (m + p - 1) t / m counts that path as p slots of t / m.
+    // The apapo model walks it: each stage's own compute and, between
+    // stages, the micro-batch's activations and then its gradients over the
+    // link, which nothing overlaps at a flush (bench/cluster, 2026-12-03
+    // 12:35: at 100 Mbit/s the mlp's 1F1B-flush plan, predicted with p
+    // slots, ran 36% below it, each stage idle 40-55% of the step).
     const double m = plan->micro_batches;
-    plan->seconds_per_mini_batch = t * (m + p - 1) / m;
+    double iteration = t * (m + p - 1) / m;
+    if (options.cost_model == CostModel::kApapo) {
+      double path = 0;
+      for (const StagePlan& stage : plan->stages) {
+        path += (stage.compute_seconds + stage.allreduce_seconds) / m;
+        if (stage.output_bandwidth > 0) {
+          path += 2.0 * stage.output_bytes / stage.output_bandwidth;
+        }
+      }
+      iteration = t * (m - 1) / m + path;
+    }
+    plan->seconds_per_mini_batch = iteration;
     plan->bubble_fraction =
-        t > 0 ? 1.0 - busy_sum * m / (p * t * (m + p - 1)) : 0;
+        iteration > 0 ? 1.0 - busy_sum / (p * iteration) : 0;
   }
   plan->mini_batches_per_second =
       plan->seconds_per_mini_batch > 0 ? 1.0 / plan->seconds_per_mini_batch

@@ -601,6 +601,34 @@ TEST(OptimizerTest, ALinkCarriesActivationsAndGradientsBothWaysAtOnce) {
   EXPECT_EQ(pd->stages.size(), 1u);
 }
 
+// The same at a flush (1F1B, m = 4): the link carries 4 micro-batches of
+// 250 KB, 20 ms each, each way (t = 80 ms a mini-batch, 20 a slot), and
+// one micro-batch's path, its compute on both stages (2 x 67 / 4 ms) and
+// its transfer there and back (2 x 20), is not overlapped: 3 x 20 + 73.5
+// = 133.5 ms an iteration. PipeDream's (m + p - 1) t / m gave 100 ms; the
+// bench ran such a plan 36% below that (bench/cluster, 2026-12-03 12:35).
+TEST(OptimizerTest, AFlushPaysOneMicroBatchsPathThroughTheLinkThereAndBack) {
+  const Graph g = TwoLayers("fc1", "fc2", 0.022, 0.045, 1e6, 10e6);
+  absl::StatusOr<Cluster> slow = MakeCluster(2, "2:12.5e6", "", "");
+  ASSERT_TRUE(slow.ok());
+  PlannerOptions o;
+  o.schedule = schedule::ScheduleKind::k1F1BFlush;
+  o.micro_batches = 4;
+  o.stages = 2;
+  absl::StatusOr<Plan> plan = PlanPipeline(g, *slow, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_NEAR(plan->bottleneck_seconds, 0.08, 1e-9);
+  EXPECT_NEAR(plan->seconds_per_mini_batch, 3 * 0.02 + 2 * 0.067 / 4 + 2 * 0.02, 1e-9);
+  // Without a link the path is the stages' own slots: the closed form.
+  absl::StatusOr<Cluster> fast = MakeCluster(2, "2:1e15", "", "");
+  ASSERT_TRUE(fast.ok());
+  plan = PlanPipeline(g, *fast, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(plan->seconds_per_mini_batch,
+              plan->bottleneck_seconds * (4 + 2 - 1) / 4, 1e-6);
+}
+
 // Two layers of 50 ms forward, 100 ms backward and 5 MB of weights, with
 // 19 MB of activations between them: at 1 GB/s the wire hides under the
 // compute, and only the copies' CPU can tell a pipeline from replicas.

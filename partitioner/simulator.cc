@@ -1,7 +1,9 @@
 #include "partitioner/simulator.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -78,8 +80,16 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
 
   // When stage s issued the send of micro-batch j's activations / input
   // gradients (-1: not yet): its consumer may start after the transfer.
-  std::vector<std::vector<double>> activations_sent(p, std::vector<double>(n, -1));
-  std::vector<std::vector<double>> gradients_sent(p, std::vector<double>(n, -1));
+  // When micro-batch j's activations from stage s / input gradients from
+  // stage s reach the neighbour (-1: not sent yet). A link carries one
+  // transfer at a time each way: a send waits for the one before it on
+  // the same link and direction (link_free), so m micro-batches sent
+  // back to back arrive one wire time apart, not all at once.
+  std::vector<std::vector<double>> activations_arrive(p, std::vector<double>(n, -1));
+  std::vector<std::vector<double>> gradients_arrive(p, std::vector<double>(n, -1));
+  // (stage, replica, peer replica, forward?) -> when that link direction
+  // is free again.
+  std::map<std::tuple<int, int, int, bool>, double> link_free;
   std::vector<std::vector<Collective>> allreduces(
       p, std::vector<Collective>(options.iterations + 1));
   // When every replica of stage s had applied update v.
@@ -128,14 +138,14 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         double ready = 0, duration = 0;
         if (op.type == Op::kForward) {
           if (s > 0) {
-            if (activations_sent[s - 1][op.micro_batch] < 0) break;
-            ready = activations_sent[s - 1][op.micro_batch] + comm[s - 1];
+            if (activations_arrive[s - 1][op.micro_batch] < 0) break;
+            ready = activations_arrive[s - 1][op.micro_batch];
           }
           duration = st.forward_seconds / rep.speed;
         } else if (op.type == Op::kBackward) {
           if (s + 1 < p) {
-            if (gradients_sent[s + 1][op.micro_batch] < 0) break;
-            ready = gradients_sent[s + 1][op.micro_batch] + comm[s];
+            if (gradients_arrive[s + 1][op.micro_batch] < 0) break;
+            ready = gradients_arrive[s + 1][op.micro_batch];
           }
           duration = st.backward_seconds / rep.speed;
         } else if (op.type == Op::kAllReduce) {
@@ -154,7 +164,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         }
         // Posting a receive, enqueueing a send, draining sends and the
         // optimizer step take no modelled time: transfers run on their own
-        // threads and arrive `comm` after their send.
+        // threads and arrive `comm` after their link direction is free.
         const double start = std::max(rep.free, ready);
         const double end = start + duration;
         rep.free = end;
@@ -164,9 +174,13 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
           result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
         }
         if (op.type == Op::kSendActivations) {
-          activations_sent[s][op.micro_batch] = end;
+          double& free = link_free[{s, rep.index, op.peer, true}];
+          free = std::max(free, end) + comm[s];
+          activations_arrive[s][op.micro_batch] = free;
         } else if (op.type == Op::kSendGradients) {
-          gradients_sent[s][op.micro_batch] = end;
+          double& free = link_free[{s, rep.index, op.peer, false}];
+          free = std::max(free, end) + comm[s - 1];
+          gradients_arrive[s][op.micro_batch] = free;
         } else if (op.type == Op::kUpdate) {
           update_done[s][op.weight_version] =
               std::max(update_done[s][op.weight_version], end);

@@ -11,8 +11,10 @@
 // copies take is in the stage's forward/backward times when the planner
 // charged it. kUpdate is a collective over the stage's replicas lasting one
 // ring all-reduce (RingAllReduceSeconds), zero for one replica. Op times are
-// StagePlan's per micro-batch figures. Transfers add latency but do not
-// contend for links (optimistic for comm-bound plans).
+// StagePlan's per micro-batch figures. A link carries one transfer at a
+// time in each direction (a send waits for the one before it on that link),
+// as one TCP connection per peer does; links between different pairs of
+// replicas do not contend with each other.
 //
 // Thread-safety: Simulate is reentrant.
 

@@ -96,6 +96,22 @@ TEST(SimulatorTest, ADeeperAsyncStageHidesTheLinksRoundTrip) {
   EXPECT_EQ(deep.stages[0].max_staleness, 3);
 }
 
+TEST(SimulatorTest, ALinkCarriesOneTransferAtATimeEachWay) {
+  // A 1F1B flush of 4 micro-batches over a link of 5 s each way per
+  // micro-batch (forward 1 s, backward 2 s). Stage 0 runs F0 F1 B0 F2 B1 F3
+  // B2 B3, stage 1 F0 B0 F1 B1 F2 B2 F3 B3. F1 leaves stage 0 at 2 s but
+  // waits for F0's transfer (to 6) and arrives at 11; stage 1's gradients
+  // leave at 9 and 14 and arrive at 14 and 19; F2 and F3 leave at 17 and
+  // 22 and arrive at 22 and 27; the last gradients leave at 25 and 30 and,
+  // one at a time, arrive at 30 and 35: stage 0 ends B3 at 37. A link that
+  // carried F1 beside F0 (arriving at 7) would end the iteration at 35.
+  Plan plan = UniformPlan(2, 4);
+  plan.stages[0].output_bytes = 5;
+  plan.stages[0].output_bandwidth = 1;
+  SimulationResult r = RunSim(plan, ScheduleKind::k1F1BFlush, 8);
+  EXPECT_NEAR(r.seconds_per_iteration, 37, 1e-9);
+}
+
 TEST(SimulatorTest, TwoBWKeepsTwoVersionsAndStalenessOne) {
   const int p = 4;
   SimulationResult r = RunSim(UniformPlan(p, 8), ScheduleKind::k2BW, 16);

@@ -7,8 +7,8 @@
 // the plan says): per stage the summed forward/backward seconds, parameter
 // bytes, and the activations its nodes send to later stages, the per
 // mini-batch figures divided by the plan's micro-batches (the simulator's
-// ops are micro-batches); links at the cluster's first level bandwidth (the
-// simulator's contention-free model).
+// ops are micro-batches); links at the cluster's first level bandwidth,
+// one transfer at a time each way.
 //
 // Thread-safety: stateless; reentrant.
 #ifndef APAPO_PLANNING_SIMULATED_TRACE_H_
