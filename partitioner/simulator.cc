@@ -78,8 +78,6 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   const int64_t m = so.micro_batches_per_iteration;
   const int64_t n = m * options.iterations;
 
-  // When stage s issued the send of micro-batch j's activations / input
-  // gradients (-1: not yet): its consumer may start after the transfer.
   // When micro-batch j's activations from stage s / input gradients from
   // stage s reach the neighbour (-1: not sent yet). A link carries one
   // transfer at a time each way: a send waits for the one before it on
