@@ -122,17 +122,18 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
     absl::StrAppend(&out, "  ... and ", links.size() - kShownLinks,
                     " more link(s)\n");
   }
-  // The all-reduce the workers timed (the median of their timings).
-  std::vector<apapo::v1::AllReduceMeasurement> reduces(
-      cluster.allreduces().begin(), cluster.allreduces().end());
-  if (!reduces.empty()) {
-    std::sort(reduces.begin(), reduces.end(), [](const auto& a, const auto& b) {
+  // The all-reduces the workers timed: the median of their timings at
+  // each size, in ascending bytes.
+  std::map<int64_t, std::vector<apapo::v1::AllReduceMeasurement>> reduces;
+  for (const auto& a : cluster.allreduces()) reduces[a.bytes()].push_back(a);
+  for (auto& [bytes, timed] : reduces) {
+    std::sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) {
       return a.seconds() < b.seconds();
     });
-    const auto& a = reduces[reduces.size() / 2];
+    const auto& a = timed[timed.size() / 2];
     absl::StrAppend(&out, absl::StrFormat(
         "  all-reduce of %s over %d worker(s): %.1f ms (median of %d timing(s))\n",
-        FormatBytes(a.bytes()), a.ranks(), a.seconds() * 1e3, reduces.size()));
+        FormatBytes(bytes), a.ranks(), a.seconds() * 1e3, timed.size()));
   }
   // What a message cost the workers' CPU by size (the median per size).
   std::map<int64_t, std::vector<double>> by_size;

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "coordinator/job_service.h"
@@ -340,6 +341,20 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
   EXPECT_THAT(FormatPlan(r),
               HasSubstr("  all-reduce of 4.0 MiB over 2 worker(s): 15.0 ms "
                         "(median of 3 timing(s))\n"));
+  // A larger size the workers also timed gets its own line, after.
+  for (double seconds : {0.300, 0.200}) {
+    auto* a = r.mutable_cluster()->add_allreduces();
+    a->set_ranks(2);
+    a->set_bytes(64 << 20);
+    a->set_seconds(seconds);
+  }
+  std::swap(*r.mutable_cluster()->mutable_allreduces(0),
+            *r.mutable_cluster()->mutable_allreduces(4));
+  EXPECT_THAT(FormatPlan(r),
+              HasSubstr("  all-reduce of 4.0 MiB over 2 worker(s): 15.0 ms "
+                        "(median of 3 timing(s))\n"
+                        "  all-reduce of 64.0 MiB over 2 worker(s): 300.0 ms "
+                        "(median of 2 timing(s))\n"));
   EXPECT_THAT(FormatPlan(r), Not(HasSubstr("transfer CPU")));
   for (const auto& [w, bytes, cpu] :
        std::vector<std::tuple<std::string, int64_t, double>>{

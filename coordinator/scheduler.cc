@@ -396,6 +396,9 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
   for (const std::string& w : a.workers) {
     const apapo::v1::ProfileResult& r = a.profiles[w];
     if (r.has_allreduce()) *cluster.add_allreduces() = r.allreduce();
+    if (r.has_large_allreduce()) {
+      *cluster.add_allreduces() = r.large_allreduce();
+    }
     if (r.has_checkpoint()) {
       apapo::v1::CheckpointMeasurement* c = cluster.add_checkpoints();
       *c = r.checkpoint();

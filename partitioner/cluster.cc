@@ -14,36 +14,46 @@
 namespace apapo {
 namespace partitioner {
 
+namespace {
+
+// The value of `points` (ascending in bytes, not empty) at `bytes`: linear
+// in log bytes between two points; the first point's below them, the
+// last's above.
+double InterpolateLogBytes(const std::vector<std::pair<double, double>>& points,
+                           double bytes) {
+  if (!(bytes > points.front().first)) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  // The first point at or above the size (not the first: it is below).
+  const auto at = std::lower_bound(
+      points.begin(), points.end(), bytes,
+      [](const std::pair<double, double>& p, double b) { return p.first < b; });
+  const auto& [b0, f0] = *(at - 1);
+  const auto& [b1, f1] = *at;
+  const double t = std::log(bytes / b0) / std::log(b1 / b0);
+  return f0 + t * (f1 - f0);
+}
+
+}  // namespace
+
 double Cluster::TransferCpuPerByte(double message_bytes) const {
   if (!(transfer_cpu_seconds_per_byte > 0)) return 0;
   const auto& points = transfer_cpu_scale;
-  double factor = 1;
-  if (!points.empty()) {
-    if (!(message_bytes > points.front().first)) {
-      factor = points.front().second;
-    } else if (message_bytes >= points.back().first) {
-      factor = points.back().second;
-      if (points.size() >= 2) {
-        const auto& [b0, f0] = points[points.size() - 2];
-        const auto& [b1, f1] = points.back();
-        if (f1 > f0 && b1 > b0) {
-          const double t = std::log(message_bytes / b1) / std::log(b1 / b0);
-          factor = std::min(f1 + t * (f1 - f0),
-                            std::max(f1, kMaxTransferCpuFactor));
-        }
-      }
-    } else {
-      // The first point at or above the size (not the first: it is below).
-      const auto at = std::lower_bound(
-          points.begin(), points.end(), message_bytes,
-          [](const std::pair<double, double>& p, double b) { return p.first < b; });
-      const auto& [b0, f0] = *(at - 1);
-      const auto& [b1, f1] = *at;
-      const double t = std::log(message_bytes / b0) / std::log(b1 / b0);
-      factor = f0 + t * (f1 - f0);
+  if (points.empty()) return transfer_cpu_seconds_per_byte;
+  double factor = InterpolateLogBytes(points, message_bytes);
+  if (message_bytes > points.back().first && points.size() >= 2) {
+    const auto& [b0, f0] = points[points.size() - 2];
+    const auto& [b1, f1] = points.back();
+    if (f1 > f0 && b1 > b0) {
+      const double t = std::log(message_bytes / b1) / std::log(b1 / b0);
+      factor = std::min(f1 + t * (f1 - f0), std::max(f1, kMaxTransferCpuFactor));
     }
   }
   return transfer_cpu_seconds_per_byte * factor;
+}
+
+double Cluster::AllReduceFactor(double parameter_bytes) const {
+  if (allreduce_factor.empty()) return 1;
+  return InterpolateLogBytes(allreduce_factor, parameter_bytes);
 }
 
 int Cluster::num_workers() const {
@@ -201,8 +211,8 @@ std::string DescribeCluster(const Cluster& cluster) {
       absl::StrAppend(&out, " (x", last.second, " at ", last.first, " B)");
     }
   }
-  if (cluster.allreduce_factor != 1) {
-    absl::StrAppend(&out, ", all-reduce x", cluster.allreduce_factor);
+  for (const auto& [bytes, factor] : cluster.allreduce_factor) {
+    absl::StrAppend(&out, ", all-reduce x", factor, " at ", bytes, " B");
   }
   return out;
 }

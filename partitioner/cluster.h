@@ -61,10 +61,12 @@ struct Cluster {
   std::vector<std::pair<double, double>> transfer_cpu_scale;
   // How much longer a real all-reduce took, measured while profiling, than
   // RingAllReduceSeconds predicts for it on this cluster (Gloo's chunking,
-  // reductions and synchronisation on these CPUs); multiplies every
-  // all-reduce the kApapo cost model and the simulator charge. 1: as
-  // modelled.
-  double allreduce_factor = 1;
+  // reductions and synchronisation on these CPUs, and copies that no
+  // longer fit the caches at large sizes): (bytes, factor) in ascending
+  // bytes, one point per size the workers timed. It multiplies every
+  // all-reduce the kApapo cost model and the simulator charge, at that
+  // all-reduce's size (AllReduceFactor). Empty: as modelled.
+  std::vector<std::pair<double, double>> allreduce_factor;
 
   // CPU seconds per byte of a transfer whose messages are `message_bytes`:
   // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
@@ -78,6 +80,11 @@ struct Cluster {
     return message_bytes * TransferCpuPerByte(message_bytes);
   }
 
+  // allreduce_factor's factor for an all-reduce of `parameter_bytes`:
+  // linear in log bytes between points, the nearest point's outside them;
+  // 1 when there is none.
+  double AllReduceFactor(double parameter_bytes) const;
+
   int num_workers() const;
   double speed(int worker) const {
     return speeds.empty() ? 1.0 : speeds[worker];
@@ -86,7 +93,7 @@ struct Cluster {
 };
 
 // One ring all-reduce of `parameter_bytes` over `replicas` workers, as the
-// apapo cost model and the simulator charge it (before allreduce_factor):
+// apapo cost model and the simulator charge it (before AllReduceFactor):
 // each replica sends and receives 2 (R-1) / R of them, at the link's
 // `bandwidth` or, where slower, at its CPU's copy cost
 // (`cpu_seconds_per_byte` per byte sent or received). 0 for one replica.

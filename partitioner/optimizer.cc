@@ -675,8 +675,6 @@ struct LevelContext {
   // the size of each message (cluster->TransferCpuPerByte).
   double transfer_cpu = 0;
   const Cluster* cluster = nullptr;
-  // Cluster::allreduce_factor (kApapo only).
-  double allreduce_factor = 1;
   // Memory (level 0 only).
   double memory = 0;
   int total_workers = 1;
@@ -853,7 +851,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // Each replica copies what it sends and receives, 2 x 2 (y-1)/y P,
         // on its own CPU; where that is slower than the wire it binds.
         ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
-        if (!pipedream) ar_coef *= ctx.allreduce_factor;
+        if (!pipedream) ar_coef *= ctx.cluster->AllReduceFactor(params);
         const bool memory_binds =
             ctx.memory > 0 && ctx.inner == nullptr &&
             StageMemory(ctx.kind, params, acts, ctx.total_workers) > ctx.memory;
@@ -1244,7 +1242,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
     stage.allreduce_seconds =
         pipedream ? 4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r
-                  : cluster.allreduce_factor *
+                  : cluster.AllReduceFactor(stage.parameter_bytes) *
                         RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
                                              cluster.transfer_cpu_seconds_per_byte);
     // One boundary's transfer per mini-batch: PipeDream charges the
@@ -1303,12 +1301,14 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
     bottleneck = std::max(bottleneck, stage.time_seconds);
     busy_sum += stage.time_seconds;
-    if (!pipedream && r > 1 && cluster.allreduce_factor != 1) {
+    if (!pipedream && r > 1 && !cluster.allreduce_factor.empty()) {
       plan->notes.push_back(absl::StrFormat(
           "stage %d's all-reduce is charged %.3g ms per mini-batch: %.2fx "
-          "the ring over its link, as an all-reduce measured while "
-          "profiling ran",
-          s, 1e3 * stage.allreduce_seconds, cluster.allreduce_factor));
+          "the ring over its link at its %.3g MB, as the all-reduces "
+          "measured while profiling ran",
+          s, 1e3 * stage.allreduce_seconds,
+          cluster.AllReduceFactor(stage.parameter_bytes),
+          stage.parameter_bytes / 1e6));
     }
     if (stage.transfer_cpu_seconds > 0) {
       double crossing = 0;
@@ -1590,7 +1590,6 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                            ? cluster.transfer_cpu_seconds_per_byte
                            : 0;
     ctx.cluster = &cluster;
-    ctx.allreduce_factor = cluster.allreduce_factor;
     ctx.memory = cluster.memory_bytes;
     ctx.total_workers = cluster.num_workers();
     ctx.single_level = L == 1;

@@ -661,6 +661,31 @@ TEST(ClusterTest, TransferCpuPerByteGrowsWithMessageSize) {
   EXPECT_EQ(c.TransferCpuPerByte(32 << 20), 0);
 }
 
+
+// The all-reduce's factor, timed at two sizes while profiling, is read at
+// each all-reduce's own size: linear in log bytes between the sizes timed,
+// flat outside them (nothing is extrapolated: the larger size is the
+// largest a stage all-reduces on the hosts it was timed on).
+TEST(ClusterTest, TheAllReduceFactorIsReadAtTheAllReducesSize) {
+  Cluster c;
+  EXPECT_EQ(c.AllReduceFactor(64e6), 1);  // nothing timed: as modelled
+  c.allreduce_factor = {{4 << 20, 0.8}, {64 << 20, 1.6}};
+  EXPECT_DOUBLE_EQ(c.AllReduceFactor(1e3), 0.8);
+  EXPECT_DOUBLE_EQ(c.AllReduceFactor(4 << 20), 0.8);
+  EXPECT_NEAR(c.AllReduceFactor(16 << 20), 1.2, 1e-12);
+  EXPECT_DOUBLE_EQ(c.AllReduceFactor(64 << 20), 1.6);
+  EXPECT_DOUBLE_EQ(c.AllReduceFactor(1e12), 1.6);
+  // The simulator and the plan charge a replicated stage its size's factor:
+  // two replicas of 16 MiB at 1 GB/s move 16 MiB each way (16.8 ms), 1.2x.
+  const Graph g = TwoLayers("a", "b", 0.05, 0.05, 1e3, 8 << 20);
+  absl::StatusOr<Cluster> two = MakeCluster(2, "2:1e9", "", "");
+  ASSERT_TRUE(two.ok());
+  two->allreduce_factor = c.allreduce_factor;
+  absl::StatusOr<Plan> dp = DataParallelPlan(g, *two, PlannerOptions());
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  ASSERT_EQ(dp->stages.size(), 1u);
+  EXPECT_NEAR(dp->stages[0].allreduce_seconds, 1.2 * (16 << 20) / 1e9, 1e-9);
+}
 // The cnn's case: the figure the link test measured at 4 MiB (0.1 ns)
 // keeps the 2-stage pipeline (150 + 2 x 1.9 ms against the replicas'
 // 150 + 10 ms all-reduce); at the cut's 19 MB messages the host spends 6x
@@ -763,11 +788,12 @@ TEST(OptimizerTest, TransferCopiesTakeTheStagesCpu) {
   EXPECT_NEAR(run->mini_batches_per_second, cheap->mini_batches_per_second,
               0.03 * cheap->mini_batches_per_second);
 
-  // A measured all-reduce 3x the ring model (the cluster's factor) makes
+  // A measured all-reduce 3x the ring model (the cluster's factor, at
+  // every size) makes
   // the replicas' 40 ms 120 ms (270 ms): the pipeline wins again, and the
   // simulator charges the same.
   copying.transfer_cpu_seconds_per_byte = 2e-9;
-  copying.allreduce_factor = 3;
+  copying.allreduce_factor = {{4 << 20, 3.0}};
   absl::StatusOr<Plan> dear = DataParallelPlan(g, copying, PlannerOptions());
   ASSERT_TRUE(dear.ok());
   EXPECT_NEAR(dear->stages[0].allreduce_seconds, 0.12, 1e-9);
@@ -787,7 +813,7 @@ TEST(OptimizerTest, TransferCopiesTakeTheStagesCpu) {
   ASSERT_TRUE(piped.ok());
   EXPECT_EQ(piped->stages.size(), 2u);
   EXPECT_NEAR(piped->bottleneck_seconds, 0.226, 1e-9);
-  copying.allreduce_factor = 1;
+  copying.allreduce_factor.clear();
 
   // PipeDream's cost model has no such term.
   PlannerOptions pd = PipeDreamOptions();

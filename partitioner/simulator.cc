@@ -101,7 +101,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
     if (r > 1 && st.allreduce_bandwidth > 0) {
       // One ring all-reduce per iteration, as the runtime runs it and the
       // apapo cost model charges it.
-      allreduce[s] = cluster.allreduce_factor *
+      allreduce[s] = cluster.AllReduceFactor(st.parameter_bytes) *
                      RingAllReduceSeconds(st.parameter_bytes, r,
                                           st.allreduce_bandwidth,
                                           cluster.transfer_cpu_seconds_per_byte);

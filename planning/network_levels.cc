@@ -192,25 +192,29 @@ std::vector<std::pair<double, double>> TransferCpuScale(
   return out;
 }
 
-double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
-                       double cpu_seconds_per_byte) {
+std::vector<std::pair<double, double>> AllReduceFactors(
+    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte) {
   double slowest = 0;
   for (const auto& link : spec.links()) {
     const double bw = link.bandwidth_bytes_per_second();
     if (bw > 0 && (slowest == 0 || bw < slowest)) slowest = bw;
   }
-  if (slowest == 0) return 1;
-  std::vector<double> ratios;
+  if (slowest == 0) return {};
+  std::map<int64_t, std::vector<double>> ratios;
   for (const auto& a : spec.allreduces()) {
-    if (a.ranks() < 2 || a.bytes() <= 0 || !(a.seconds() > 0)) continue;
+    if (a.ranks() < 2 || a.bytes() <= 0 || !(a.seconds() > 0) ||
+        !std::isfinite(a.seconds())) {
+      continue;
+    }
     const double model = partitioner::RingAllReduceSeconds(
         a.bytes(), a.ranks(), slowest, cpu_seconds_per_byte);
-    if (model > 0 && std::isfinite(a.seconds())) {
-      ratios.push_back(a.seconds() / model);
-    }
+    if (model > 0) ratios[a.bytes()].push_back(a.seconds() / model);
   }
-  if (ratios.empty()) return 1;
-  return std::clamp(MedianOf(ratios), 0.25, 20.0);
+  std::vector<std::pair<double, double>> out;
+  for (auto& [bytes, r] : ratios) {
+    out.push_back({static_cast<double>(bytes), std::clamp(MedianOf(r), 0.25, 20.0)});
+  }
+  return out;
 }
 
 }  // namespace apapo::planning

@@ -68,13 +68,13 @@ double TransferCpuSecondsPerByte(
 std::vector<std::pair<double, double>> TransferCpuScale(
     const apapo::v1::ClusterSpec& spec);
 
-// pt::Cluster::allreduce_factor from what the workers timed: the median
-// over spec.allreduces of the measured time / RingAllReduceSeconds of the
-// same all-reduce at the slowest link of spec.links and
-// `cpu_seconds_per_byte`, kept within [0.25, 20]; 1 when nothing usable
-// was measured.
-double AllReduceFactor(const apapo::v1::ClusterSpec& spec,
-                       double cpu_seconds_per_byte);
+// pt::Cluster::allreduce_factor from what the workers timed: at each size
+// of spec.allreduces, the median of the measured time / RingAllReduceSeconds
+// of the same all-reduce at the slowest link of spec.links and
+// `cpu_seconds_per_byte`, kept within [0.25, 20]; in ascending bytes. Empty
+// (as modelled) when nothing usable was measured.
+std::vector<std::pair<double, double>> AllReduceFactors(
+    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte);
 
 }  // namespace apapo::planning
 

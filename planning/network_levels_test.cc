@@ -3,6 +3,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -11,6 +12,8 @@ namespace apapo::planning {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::Pair;
 
 apapo::v1::LinkMeasurement Link(const std::string& a, const std::string& b,
                                 double gb_per_s, double latency_us = 50) {
@@ -131,7 +134,7 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   *spec.add_links() = Link("a", "b", 2.0);
   *spec.add_links() = Link("b", "a", 1.0);  // the slowest link: 1 GB/s
   // Nothing timed: as modelled.
-  EXPECT_EQ(AllReduceFactor(spec, 0), 1);
+  EXPECT_THAT(AllReduceFactors(spec, 0), IsEmpty());
   // 4 MB over 2 ranks moves 4 MB each way: 4 ms at 1 GB/s, 8 ms where
   // copying costs 1 ns per byte sent or received. The median of 12, 16 and
   // 400 ms (one disturbed) is 16 ms.
@@ -141,8 +144,19 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
     a->set_bytes(4000000);
     a->set_seconds(seconds);
   }
-  EXPECT_DOUBLE_EQ(AllReduceFactor(spec, 0), 4.0);
-  EXPECT_DOUBLE_EQ(AllReduceFactor(spec, 1e-9), 2.0);
+  EXPECT_THAT(AllReduceFactors(spec, 0), ElementsAre(Pair(4e6, 4.0)));
+  EXPECT_THAT(AllReduceFactors(spec, 1e-9), ElementsAre(Pair(4e6, 2.0)));
+  // A larger all-reduce (64 MB: 64 ms modelled) gets its own point, in
+  // ascending bytes, whatever order the workers reported in.
+  for (double seconds : {0.128, 0.192, 0.16}) {
+    auto* a = spec.add_allreduces();
+    a->set_ranks(2);
+    a->set_bytes(64000000);
+    a->set_seconds(seconds);
+  }
+  std::swap(*spec.mutable_allreduces(0), *spec.mutable_allreduces(5));
+  EXPECT_THAT(AllReduceFactors(spec, 0),
+              ElementsAre(Pair(4e6, 4.0), Pair(64e6, 2.5)));
   // Kept within [0.25, 20]; unusable figures are skipped.
   spec.clear_allreduces();
   auto* slow = spec.add_allreduces();
@@ -153,9 +167,13 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   broken->set_ranks(1);
   broken->set_bytes(4000000);
   broken->set_seconds(1e-9);
-  EXPECT_EQ(AllReduceFactor(spec, 0), 20);
+  auto* nan = spec.add_allreduces();
+  nan->set_ranks(2);
+  nan->set_bytes(64000000);
+  nan->set_seconds(std::nan(""));
+  EXPECT_THAT(AllReduceFactors(spec, 0), ElementsAre(Pair(4e6, 20.0)));
   spec.clear_links();
-  EXPECT_EQ(AllReduceFactor(spec, 0), 1);
+  EXPECT_THAT(AllReduceFactors(spec, 0), IsEmpty());
 }
 
 // Each worker's figures over its own figure at its smallest size (the link

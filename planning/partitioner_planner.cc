@@ -58,7 +58,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   cluster.transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
   cluster.allreduce_factor =
-      AllReduceFactor(spec, cluster.transfer_cpu_seconds_per_byte);
+      AllReduceFactors(spec, cluster.transfer_cpu_seconds_per_byte);
   return cluster;
 }
 

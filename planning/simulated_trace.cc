@@ -115,7 +115,7 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   const double cpu_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
-  cluster.allreduce_factor = AllReduceFactor(spec, cpu_per_byte);
+  cluster.allreduce_factor = AllReduceFactors(spec, cpu_per_byte);
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
     double cpu = cluster.TransferCpuSeconds(p.stages[s].output_bytes);
     if (s > 0) cpu += cluster.TransferCpuSeconds(p.stages[s - 1].output_bytes);

@@ -16,7 +16,11 @@
 //            both report the same link;
 //   reduce   every rank together: `warmup_round_trips`, then `round_trips`
 //            all-reduces of `message_bytes` of float32 (the median is
-//            reported);
+//            reported); then one all-reduce of each rank's median, and
+//            where the mean, scaled to `large_allreduce_bytes`, fits
+//            `large_allreduce_budget_seconds`, one warm-up and
+//            `round_trips` all-reduces of that size (every rank reads the
+//            same mean, so all make the same choice);
 //   leave    each rank sets "done/<rank>" and waits for all (nobody closes a
 //            connection a peer still uses), drops the transport and sets
 //            "left/<rank>"; rank 0 returns only once every rank has left,
@@ -64,6 +68,13 @@ struct LinkProfileOptions {
   // warm-up, workers on one host measured 0.3-0.5 GB/s between them
   // instead of 2-3, too close to a 1 Gbit/s link to tell the two apart.
   int warmup_round_trips = 3;
+  // The larger all-reduce: a replicated stage's gradients are tens of MB,
+  // which copy past the caches and cost more per byte than the messages
+  // above (the mlp's 57 MB ran at 1.75-1.9 ms per MiB, two ranks on
+  // loopback, against 1.3 timed at 4 MiB). 0: not timed. Every rank of a
+  // test must be given the same two figures.
+  int64_t large_allreduce_bytes = int64_t{64} << 20;
+  double large_allreduce_budget_seconds = 0.5;
   // Notified to abandon the test (the job was stopped); may be null.
   const absl::Notification* stop = nullptr;
 };
@@ -71,13 +82,14 @@ struct LinkProfileOptions {
 // Measures the links between this worker (rank command.rendezvous.rank) and
 // every other rank of command.rendezvous; returns one LinkMeasurement per
 // peer, from this worker (command.peers[rank], else "rank N") to the peer.
-// Then every rank takes part in one timed all-reduce of message_bytes over
-// all of them, which is written to `allreduce` when not null.
+// Then every rank takes part in the timed all-reduces over all of them, in
+// ascending bytes (message_bytes, then large_allreduce_bytes where timed),
+// which are written to `allreduces` when not null.
 // A missing rendezvous or a world size <= 1 measures nothing (empty).
 absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> MeasureLinks(
     const apapo::v1::ProfileCommand& command,
     const LinkProfileOptions& options = {},
-    apapo::v1::AllReduceMeasurement* allreduce = nullptr);
+    std::vector<apapo::v1::AllReduceMeasurement>* allreduces = nullptr);
 
 }  // namespace apapo::worker
 

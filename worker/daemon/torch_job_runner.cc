@@ -108,14 +108,14 @@ absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
   // Links first: the peers start together, before their model timings
   // (which take different times on different workers) set them apart.
   std::vector<apapo::v1::LinkMeasurement> links;
-  apapo::v1::AllReduceMeasurement allreduce;
+  std::vector<apapo::v1::AllReduceMeasurement> allreduces;
   const apapo::v1::Rendezvous& rv = command.rendezvous();
   if (rv.world_size() > 1) {
     LinkProfileOptions lo;
     lo.host = rv.local_host().empty() ? options_.host : rv.local_host();
     lo.stop = stop.get();
     absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> measured =
-        MeasureLinks(command, lo, &allreduce);
+        MeasureLinks(command, lo, &allreduces);
     // Every rank has left the store (or failed): the host may let it go.
     if (rv.rank() == 0) ReleaseStore(job);
     if (!measured.ok()) {
@@ -150,7 +150,8 @@ absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
   }
   if (!st.ok()) return st;
   for (auto& link : links) *result.add_links() = std::move(link);
-  if (allreduce.ranks() > 1) *result.mutable_allreduce() = allreduce;
+  if (!allreduces.empty()) *result.mutable_allreduce() = allreduces.front();
+  if (allreduces.size() > 1) *result.mutable_large_allreduce() = allreduces[1];
   return result;
 }
 
