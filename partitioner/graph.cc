@@ -63,6 +63,15 @@ absl::Status Graph::Validate(int* error_line) const {
       }
     }
   }
+  double backward = 0;
+  for (const Node& n : nodes_) backward += n.backward_seconds;
+  if (!std::isfinite(update_seconds_) || update_seconds_ < 0 ||
+      update_seconds_ > backward * (1 + 1e-9)) {
+    return fail(0, absl::StrCat(
+                       "update_seconds must be finite, >= 0 and within the "
+                       "nodes' backward seconds (",
+                       backward, ") it is part of, got ", update_seconds_));
+  }
   absl::flat_hash_set<std::pair<int, int>> edge_set;
   for (const Edge& e : edges_) {
     if (e.from == e.to) {

@@ -68,6 +68,13 @@ class Graph {
   const std::vector<int>& successors(int i) const { return succ_[i]; }
   const std::vector<int>& predecessors(int i) const { return pred_[i]; }
 
+  // The optimizer's update of all the parameters, per mini-batch, counted
+  // in the nodes' backward_seconds in proportion to their parameter_bytes
+  // (ModelProfile.update_seconds); 0 when unknown. Validate() checks it is
+  // finite, >= 0 and no more than the nodes' backward seconds.
+  double update_seconds() const { return update_seconds_; }
+  void set_update_seconds(double seconds) { update_seconds_ = seconds; }
+
   double TotalComputeSeconds() const;
   double TotalParameterBytes() const;
 
@@ -77,6 +84,7 @@ class Graph {
   std::vector<std::vector<int>> succ_;
   std::vector<std::vector<int>> pred_;
   absl::flat_hash_map<std::string, int> index_;  // first node with each id
+  double update_seconds_ = 0;
 };
 
 }  // namespace partitioner

@@ -61,6 +61,23 @@ TEST(GraphTest, RejectsBadValuesDuplicatesAndEmpty) {
   EXPECT_FALSE(loop.AddEdge(0, 5).ok());
 }
 
+// The update is part of the nodes' backward: a figure that is not finite,
+// negative, or more than all of the backward is refused, naming the field.
+TEST(GraphTest, TheUpdateIsWithinTheBackward) {
+  Graph g;
+  Node n = MakeNode("a");
+  n.backward_seconds = 0.5;
+  g.AddNode(n);
+  for (const double bad : {std::nan(""), -0.1, 0.6}) {
+    g.set_update_seconds(bad);
+    const absl::Status s = g.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("update_seconds"), std::string::npos) << s;
+  }
+  g.set_update_seconds(0.5);
+  EXPECT_TRUE(g.Validate().ok());
+}
+
 }  // namespace
 }  // namespace partitioner
 }  // namespace apapo

@@ -675,6 +675,12 @@ struct LevelContext {
   // the size of each message (cluster->TransferCpuPerByte).
   double transfer_cpu = 0;
   const Cluster* cluster = nullptr;
+  // Graph::update_seconds over all the parameters' bytes (kApapo only): a
+  // segment's update is this times its parameter bytes. Charged at level
+  // 0, where a stage's replicas are single workers, each of which runs
+  // the whole update (outer levels take the inner level's times as they
+  // are).
+  double update_per_param_byte = 0;
   // Memory (level 0 only).
   double memory = 0;
   int total_workers = 1;
@@ -864,14 +870,21 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           }
           if (!(base < kInf)) continue;
           base += copies;
+          // The replicas split the compute (the update included, as the
+          // profile counts it in the backward) but each runs all of the
+          // update: the rest of it, (1 - 1/y), on top.
+          const double update =
+              ctx.inner == nullptr ? ctx.update_per_param_byte * params / ctx.speed
+                                   : 0;
           if (pipedream) {
             for (int y = 1; y <= M; ++y) {
               tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
             }
           } else {
             for (int y = 1; y <= M; ++y) {
-              tv[y] = std::max(base * inv[y] + ar_coef * ring[y],
-                               transfer * inv[y]);
+              tv[y] = std::max(
+                  base * inv[y] + update * (1.0 - inv[y]) + ar_coef * ring[y],
+                  transfer * inv[y]);
             }
           }
           if (ctx.replicas > 0) {
@@ -1238,6 +1251,11 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     stage.parameter_bytes = st.params[f.j] - st.params[f.k];
     stage.activation_bytes = st.acts[f.j] - st.acts[f.k];
     stage.compute_seconds = compute / (r * slowest);
+    if (!pipedream && st.params[st.full] > 0) {
+      stage.update_seconds =
+          graph.update_seconds() * stage.parameter_bytes / st.params[st.full];
+      stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
+    }
     const double ar_bw =
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
     stage.allreduce_seconds =
@@ -1275,6 +1293,8 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
       stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
     }
+    stage.backward_seconds =
+        std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro);
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
     // A message is one micro-batch's; its CPU per byte grows with its size.
@@ -1590,6 +1610,10 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                            ? cluster.transfer_cpu_seconds_per_byte
                            : 0;
     ctx.cluster = &cluster;
+    ctx.update_per_param_byte =
+        options.cost_model == CostModel::kApapo && st.params[st.full] > 0
+            ? graph.update_seconds() / st.params[st.full]
+            : 0;
     ctx.memory = cluster.memory_bytes;
     ctx.total_workers = cluster.num_workers();
     ctx.single_level = L == 1;

@@ -163,6 +163,11 @@ struct StagePlan {
   // speed-1 worker, unreplicated (simulator inputs).
   double forward_seconds = 0;
   double backward_seconds = 0;
+  // The stage's share of the optimizer update (Graph::update_seconds, in
+  // proportion to its parameters; kApapo only), per mini-batch on one
+  // speed-1 worker: every replica runs all of it, at its kUpdate, and
+  // backward_seconds leaves it out.
+  double update_seconds = 0;
   double output_bytes = 0;       // activations sent to the next stage
   double output_bandwidth = 0;   // bytes/s of the link to the next stage
   double allreduce_bandwidth = 0;  // bytes/s of the replicas' slowest link

@@ -134,6 +134,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
     node.parameter_bytes = static_cast<double>(n.parameter_bytes());
     graph.AddNode(std::move(node));
   }
+  graph.set_update_seconds(profile.update_seconds());
   for (const apapo::v1::NodeProfile& n : profile.nodes()) {
     const int to = graph.FindNode(n.id());
     for (const std::string& input : n.inputs()) {

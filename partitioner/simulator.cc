@@ -146,6 +146,8 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
             ready = gradients_arrive[s + 1][op.micro_batch];
           }
           duration = st.backward_seconds / rep.speed;
+        } else if (op.type == Op::kUpdate) {
+          duration = st.update_seconds / rep.speed;
         } else if (op.type == Op::kAllReduce) {
           Collective& c = allreduces[s][op.weight_version];
           if (!rep.arrived) {
@@ -160,9 +162,9 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
           ready = c.done - allreduce[s];
           duration = allreduce[s];
         }
-        // Posting a receive, enqueueing a send, draining sends and the
-        // optimizer step take no modelled time: transfers run on their own
-        // threads and arrive `comm` after their link direction is free.
+        // Posting a receive, enqueueing a send and draining sends take no
+        // modelled time: transfers run on their own threads and arrive
+        // `comm` after their link direction is free.
         const double start = std::max(rep.free, ready);
         const double end = start + duration;
         rep.free = end;

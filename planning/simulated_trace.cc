@@ -71,6 +71,8 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   // The profile's figures are per mini-batch (profile.proto); the
   // simulator's ops are micro-batches: 1/m of one each.
   const double per_micro = 1.0 / p.micro_batches;
+  double total_params = 0;
+  for (const pt::Node& n : graph->nodes()) total_params += n.parameter_bytes;
   for (int s = 0; s < plan.stages_size(); ++s) {
     const apapo::v1::Stage& stage = plan.stages(s);
     pt::StagePlan st;
@@ -90,6 +92,15 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
       st.forward_seconds += graph->node(v).forward_seconds * per_micro;
       st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
+    }
+    // Each replica runs the update of all of the stage's parameters at
+    // its kUpdate, as the planner charges it; the profile counts it in
+    // the backward (pt::StagePlan::update_seconds).
+    if (total_params > 0) {
+      st.update_seconds =
+          graph->update_seconds() * st.parameter_bytes / total_params;
+      st.backward_seconds =
+          std::max(0.0, st.backward_seconds - st.update_seconds * per_micro);
     }
     st.output_bandwidth = bandwidth;
     st.allreduce_bandwidth = bandwidth;

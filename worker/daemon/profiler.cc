@@ -397,6 +397,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   apapo::v1::ModelProfile* profile = result.mutable_profile();
   profile->set_model(graph->graph().name());
   profile->set_batch_size(batch);
+  profile->set_update_seconds(total_params > 0 ? cal->update_seconds : 0);
   profile->set_source(absl::StrFormat(
       "measured by apapo-worker: micro-batch of %d x %d, fastest of %d "
       "pass(es), scaled x%.3f to the median whole-model step (%.4g s, of "

@@ -85,6 +85,11 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
   EXPECT_EQ(result->resources().relative_speed(), 0);
   EXPECT_GT(result->resources().memory_bytes(), 0);
   EXPECT_EQ(result->job_id(), "job-p");
+  // The optimizer's update is timed and counted in the backward of the
+  // layers with parameters (fc1 and fc2 hold all of them).
+  EXPECT_GT(p.update_seconds(), 0);
+  EXPECT_LE(p.update_seconds(), measured["fc1"]->backward_seconds() +
+                                    measured["fc2"]->backward_seconds());
   // Its largest activation (100 KB) is well under the link test's 4 MiB:
   // that figure holds, nothing more is timed.
   EXPECT_EQ(result->transfer_cpu_size(), 0);
