@@ -5,7 +5,6 @@ newest checkpoint (keyed by layer, so it loads into the new plan); what the
 user sees is asserted through the API, apapoctl and /metrics, and that no
 stage process is left behind."""
 
-import os
 import re
 import signal
 import subprocess
@@ -22,11 +21,16 @@ ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STAT
 EVERY = 100  # steps between checkpoints
 STEPS = 4700  # 5 epochs of Fashion-MNIST at 64 samples a step (a settled accuracy)
 WORKERS = 3  # daemons of ElasticJobTest's cluster; the plan may use fewer
+# ElasticJobTest's jobs and their references train in 2 stages, so that
+# both run the same plans (see assert_accuracy_as_uninterrupted).
+STAGES = 2
 
 
-def spec(steps, workers, **fault_tolerance):
+def spec(steps, workers, stages=0, replicas=0, **fault_tolerance):
     s = text_format.Parse(t.short_job(name="elastic", steps=steps, workers=workers),
                           job_pb2.JobSpec())
+    s.schedule.stages = stages
+    s.schedule.replicas = replicas
     s.checkpoint.every_steps = EVERY
     # A decaying rate, so that the final accuracy is a settled figure that
     # two runs can be compared by, not a point on a noisy plateau.
@@ -45,7 +49,8 @@ def stage_processes(daemon_pids):
     return t.child_processes(daemon_pids, "--run_assignment")
 
 
-# Test accuracy of spec(STEPS, 3) trained without a fault, once per run.
+# Test accuracy of spec(STEPS, workers, STAGES, replicas) trained without a
+# fault, by (workers, replicas), once per run.
 _reference = {}
 
 
@@ -64,11 +69,12 @@ class ElasticJobTest(unittest.TestCase):
         plan = self.cluster.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
         return sorted({r.worker_id for s in plan.plan.stages for r in s.placement}), plan
 
-    def run_with_fault(self, fault, steps=STEPS):
-        """Trains `steps` on 3 workers, causes `fault(process)` to a placed
-        worker once a checkpoint exists, and returns (job, victim)."""
+    def run_with_fault(self, fault, replicas=0):
+        """Trains STEPS on 3 workers in STAGES stages of `replicas` (0: the
+        planner's choice), causes `fault(process)` to a placed worker once
+        a checkpoint exists, and returns (job, victim, placed)."""
         c = self.cluster
-        job_id = c.submit(spec(steps=steps, workers=WORKERS))
+        job_id = c.submit(spec(steps=STEPS, workers=WORKERS, stages=STAGES, replicas=replicas))
         c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
                       m.job.progress.step > STEPS // 3, timeout=300)
         placed, _ = self.placed(job_id)
@@ -102,38 +108,48 @@ class ElasticJobTest(unittest.TestCase):
         pids = {w.proc.pid for w in self.cluster.workers.values()}
         t.wait_until(lambda: not stage_processes(pids), 30, "stage processes to end")
 
-    def assert_accuracy_as_uninterrupted(self, job, what):
+    def assert_accuracy_as_uninterrupted(self, job, what, replicas=0):
         """Within 0.5 point of the same spec trained without a fault, on the
         plan the job started on and on the plan it resumed on: each run
         once, on 3 and on 2 workers (the faulted one is replaced for them).
-        The accuracy of an async pipeline depends on its plan (its
-        replicas, its depth): the same spec settled at 88.42% on 3 workers
-        (stage 1 replicated) and 88.19% on 2 (two stages, stage 0 three
-        deep), so a job that trained on both lands between the two, and
-        nothing is lost as long as it is no further than 0.5 point outside
-        them."""
+        The accuracy of an async pipeline depends on its plan (its depth
+        above all, then its replicas). Left to itself, the planner took 2
+        or 3 stages on 3 workers as profiling happened to measure: a job
+        stopped on 3 stages and resumed on 2 ended at 87.82%, and in the
+        next CI run a stopped job ended at 87.96% against references that
+        settled at 88.49% and above. Job and references are pinned to 2
+        stages (the planner still cuts, replicates and places), a job that
+        trained on both plans lands between the two, and nothing is lost as
+        long as it is no further than 0.5 point outside them. On the plan
+        it started on, a resumed job ended 0.00 point below the
+        uninterrupted run in six runs and 0.09 below in one (resumed from
+        step 1900; not explained: ResumeTest in stage_executor_test.cc
+        finds a resume bit-exact over 7 steps). One resumed without its
+        optimizer's momentum (the load taken out) ended 0.20 point below,
+        inside this band: ResumeTest catches that loss; this test catches a
+        resume that trains on from the wrong weights or step."""
         c = self.cluster
-        for workers in (WORKERS, WORKERS - 1):
-            if workers in _reference:
+        keys = [(WORKERS, replicas), (WORKERS - 1, replicas)]
+        for key in keys:
+            if key in _reference:
                 continue
             if "w-4" not in c.workers:
                 c.add_worker("w-4")
-            ref_id = c.submit(spec(steps=STEPS, workers=workers))
+            ref_id = c.submit(spec(steps=STEPS, workers=key[0], stages=STAGES, replicas=replicas))
             ref = c.watch_until(ref_id, lambda m: m.job.state in ENDED, timeout=600)
             self.assertEqual(ref.state, job_pb2.JOB_STATE_SUCCEEDED, ref.error)
             self.assertEqual(ref.restarts, 0)
-            _reference[workers] = ref.progress.test_accuracy
-        low = min(_reference[WORKERS], _reference[WORKERS - 1])
-        high = max(_reference[WORKERS], _reference[WORKERS - 1])
+            _reference[key] = ref.progress.test_accuracy
+        refs = [_reference[key] for key in keys]
         r = job.restart_history[0]
+        self.assertEqual((r.stages_before, r.stages_after), (STAGES, STAGES))
         accuracy = job.progress.test_accuracy
         print(f"\nelastic: {what}; {r.stages_before} -> {r.stages_after} stage(s), "
               f"resumed from step {r.resumed_step}, {r.seconds_lost:.1f} s lost; accuracy "
-              f"{100 * accuracy:.2f}% vs {100 * _reference[WORKERS]:.2f}% "
-              f"({WORKERS} workers) and {100 * _reference[WORKERS - 1]:.2f}% "
-              f"({WORKERS - 1}) uninterrupted", flush=True)
-        self.assertGreaterEqual(accuracy, low - 0.005, what)
-        self.assertLessEqual(accuracy, high + 0.005, what)
+              f"{100 * accuracy:.2f}% vs {100 * refs[0]:.2f}% ({WORKERS} workers) and "
+              f"{100 * refs[1]:.2f}% ({WORKERS - 1}) uninterrupted", flush=True)
+        self.assertGreaterEqual(accuracy, min(refs) - 0.005, what)
+        self.assertLessEqual(accuracy, max(refs) + 0.005, what)
 
     def test_worker_killed_mid_run_is_replanned_on_the_survivors(self):
         job, victim, placed = self.run_with_fault(
@@ -162,10 +178,13 @@ class ElasticJobTest(unittest.TestCase):
         def stop(p):
             p.proc.send_signal(signal.SIGSTOP)
             self.stopped.append(p)
-        job, victim, placed = self.run_with_fault(stop)
+        # One replica a stage: the plan leaves one worker idle, which
+        # stands in for the stopped one, and the job resumes on the plan it
+        # started on (the killed worker's job above may change plans).
+        job, victim, placed = self.run_with_fault(stop, replicas=1)
         self.assert_restarted_once(job, victim, placed)
         self.assertIn("heartbeat", job.restart_history[0].cause)
-        self.assert_accuracy_as_uninterrupted(job, f"stopped {victim}")
+        self.assert_accuracy_as_uninterrupted(job, f"stopped {victim}", replicas=1)
 
 
 class CoordinatorRestartTest(unittest.TestCase):
