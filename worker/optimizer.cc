@@ -118,6 +118,16 @@ void FusedSgdMomentum(const float* __restrict w, const float* __restrict grad,
   }
 }
 
+// SGD momentum's prediction alone, `w - ahead x buf`: the very expression
+// (float operands, float arithmetic) FusedSgdMomentum writes into `pred`,
+// so a prediction made later from the stored weights and buffer (after a
+// resume, or where a step could not fuse) has the fused one's bits and a
+// resumed run goes on exactly as an uninterrupted one.
+void SgdPrediction(const float* __restrict w, const float* __restrict buf,
+                   float* __restrict out, int64_t n, float ahead) {
+  for (int64_t k = 0; k < n; ++k) out[k] = w[k] - ahead * buf[k];
+}
+
 // Adam's betas, epsilon (torch.optim's defaults when unset) and the bias
 // corrections after `steps` updates.
 struct AdamConstants {
@@ -284,9 +294,25 @@ std::vector<at::Tensor> Optimizer::Predict(const std::vector<at::Tensor>& params
       out.push_back(params[i]);
       continue;
     }
-    if (i < reuse.size() && reuse[i].defined() &&
-        reuse[i].sizes().equals(params[i].sizes()) &&
-        reuse[i].scalar_type() == params[i].scalar_type()) {
+    const bool fits = i < reuse.size() && reuse[i].defined() &&
+                      reuse[i].sizes().equals(params[i].sizes()) &&
+                      reuse[i].scalar_type() == params[i].scalar_type();
+    auto plain_float = [](const at::Tensor& t) {
+      return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
+    };
+    if (!adam_ && plain_float(params[i]) && plain_float(dir) &&
+        dir.numel() == params[i].numel()) {
+      // As Step's fused pass predicts (ahead rounded to float there too).
+      at::Tensor target = fits && reuse[i].is_contiguous()
+                              ? reuse[i].detach()
+                              : torch::empty_like(params[i].detach());
+      SgdPrediction(params[i].data_ptr<float>(), dir.data_ptr<float>(),
+                    target.data_ptr<float>(), params[i].numel(),
+                    static_cast<float>(lr * steps));
+      out.push_back(target.set_requires_grad(true));
+      continue;
+    }
+    if (fits) {
       // A fresh tensor per step page-faults a whole stage's weights in.
       at::Tensor target = reuse[i].detach();
       at::add_out(target, params[i].detach(), dir, -lr * steps);

@@ -76,7 +76,9 @@ class Optimizer {
   // number `step`'s learning rate. A parameter without a direction yet (no
   // momentum, or before the first step) is returned as it is.
   // `reuse`, as in Step, holds tensors no one reads any more: predictions
-  // are written into them instead of fresh allocations.
+  // are written into them instead of fresh allocations. SGD momentum on
+  // float CPU tensors predicts bit for bit what Step's fused pass predicts,
+  // so a run resumed from a checkpoint goes on exactly as it would have.
   std::vector<at::Tensor> Predict(const std::vector<at::Tensor>& params,
                                   double steps, int64_t step,
                                   std::vector<at::Tensor> reuse = {}) const;

@@ -413,7 +413,10 @@ TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
 // A run stopped after a checkpoint and resumed under the same plan ends
 // bit-for-bit where an uninterrupted run with the same checkpoints ends: it
 // reads the same next micro-batches, with the same learning rates, from the
-// same weights and optimizer state.
+// same weights and optimizer state; with weight prediction (async), from
+// the same predicted weights too, though the resumed run computes its
+// first prediction from the loaded state where the other took it from the
+// fused update.
 class ResumeTest : public ::testing::TestWithParam<ScheduleKind> {};
 
 TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
@@ -422,8 +425,12 @@ TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
   sched.kind = GetParam();
   sched.num_stages = 2;
   sched.micro_batches_per_iteration = 4;
-  for (bool adam : {false, true}) {
-    SCOPED_TRACE(adam ? "adam" : "sgd momentum");
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool adam = variant % 2 == 1;
+    const bool predict = variant >= 2;
+    if (predict && GetParam() != ScheduleKind::kAsync) continue;  // async only
+    SCOPED_TRACE(absl::StrCat(adam ? "adam" : "sgd momentum",
+                              predict ? ", weight prediction" : ""));
     apapo::v1::OptimizerSpec spec = Sgd();
     // The learning rate halves every 2 steps: the resumed run must continue
     // the schedule at step 3, not restart it.
@@ -440,16 +447,16 @@ TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
     ck.set_resume(true);
     const std::string dir =
         absl::StrCat(::testing::TempDir(), "/resume_", static_cast<int>(GetParam()),
-                     adam ? "_adam" : "_sgd");
+                     adam ? "_adam" : "_sgd", predict ? "_predict" : "");
     ck.set_directory(dir + "_full");
-    PipelineResult full = RunPipeline(f, sched, spec, 7, false, ck);
+    PipelineResult full = RunPipeline(f, sched, spec, 7, false, ck, predict);
     ck.set_directory(dir + "_split");
-    PipelineResult first = RunPipeline(f, sched, spec, 4, false, ck);
+    PipelineResult first = RunPipeline(f, sched, spec, 4, false, ck, predict);
     for (const auto& s : first.statuses) ASSERT_TRUE(s.ok()) << s;
     // The run stopped at 4 wrote a final checkpoint of step 4; the resumed
     // run takes the interval's (3), as a crash at step 4 would have left.
     std::filesystem::remove_all(dir + "_split/step-4");
-    PipelineResult resumed = RunPipeline(f, sched, spec, 7, false, ck);
+    PipelineResult resumed = RunPipeline(f, sched, spec, 7, false, ck, predict);
     for (const auto& s : full.statuses) ASSERT_TRUE(s.ok()) << s;
     for (const auto& s : resumed.statuses) ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(resumed.reports[0].steps, 4);  // only the remaining steps ran
