@@ -70,6 +70,23 @@ double Optimizer::LearningRate(int64_t step) const {
 
 namespace {
 
+// SGD momentum's prediction of a weight `ahead` (lr x steps) updates on:
+// w - ahead x buf, in float. The fused step and the lazy prediction both
+// call this one expression, so a prediction made later from the stored
+// weights and buffer (after a resume, or where a step could not fuse) has
+// the fused one's bits and a resumed run goes on exactly as an
+// uninterrupted one.
+inline float PredictedWeight(float w, float ahead, float buf) {
+  return w - ahead * buf;
+}
+
+// A dense float tensor in host memory: what the single-pass SGD kernels
+// below read and write.
+bool PlainCpuFloat(const at::Tensor& t) {
+  return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+         t.device().is_cpu();
+}
+
 // One SGD-momentum update over n floats, torch.optim's formula:
 //   g = grad + wd w;  buf = momentum buf + g;  w' = w - lr (Nesterov ? g +
 //   momentum buf : buf);  and, when pred is given, pred = w' - ahead buf.
@@ -90,7 +107,7 @@ void FusedSgdMomentum(const float* __restrict w, const float* __restrict grad,
       buf[k] = b;
       const float nw = w[k] - lr * b;
       out[k] = nw;
-      pred[k] = nw - ahead * b;
+      pred[k] = PredictedWeight(nw, ahead, b);
     }
   } else if (pred != nullptr) {
     for (int64_t k = 0; k < n; ++k) {
@@ -99,7 +116,7 @@ void FusedSgdMomentum(const float* __restrict w, const float* __restrict grad,
       buf[k] = b;
       const float nw = w[k] - lr * (g + momentum * b);
       out[k] = nw;
-      pred[k] = nw - ahead * b;
+      pred[k] = PredictedWeight(nw, ahead, b);
     }
   } else if (!nesterov) {
     for (int64_t k = 0; k < n; ++k) {
@@ -118,14 +135,10 @@ void FusedSgdMomentum(const float* __restrict w, const float* __restrict grad,
   }
 }
 
-// SGD momentum's prediction alone, `w - ahead x buf`: the very expression
-// (float operands, float arithmetic) FusedSgdMomentum writes into `pred`,
-// so a prediction made later from the stored weights and buffer (after a
-// resume, or where a step could not fuse) has the fused one's bits and a
-// resumed run goes on exactly as an uninterrupted one.
+// SGD momentum's prediction alone, as FusedSgdMomentum writes it into `pred`.
 void SgdPrediction(const float* __restrict w, const float* __restrict buf,
                    float* __restrict out, int64_t n, float ahead) {
-  for (int64_t k = 0; k < n; ++k) out[k] = w[k] - ahead * buf[k];
+  for (int64_t k = 0; k < n; ++k) out[k] = PredictedWeight(w[k], ahead, buf[k]);
 }
 
 // Adam's betas, epsilon (torch.optim's defaults when unset) and the bias
@@ -210,12 +223,8 @@ std::vector<at::Tensor> Optimizer::Step(const std::vector<at::Tensor>& params,
     // five; every step after the first takes it, so runs with and without
     // recycled tensors compute bit-identical weights.
     auto fusable = [&](size_t i) {
-      auto ok = [](const at::Tensor& t) {
-        return t.defined() && t.scalar_type() == at::kFloat &&
-               t.is_contiguous() && t.device().is_cpu();
-      };
-      return mom != 0 && ok(params[i]) && ok(grads[i]) && ok(slot1_[i]) &&
-             grads[i].numel() == params[i].numel();
+      return mom != 0 && PlainCpuFloat(params[i]) && PlainCpuFloat(grads[i]) &&
+             PlainCpuFloat(slot1_[i]) && grads[i].numel() == params[i].numel();
     };
     bool fuse = !first;
     for (size_t i = 0; fuse && i < params.size(); ++i) fuse = fusable(i);
@@ -297,10 +306,7 @@ std::vector<at::Tensor> Optimizer::Predict(const std::vector<at::Tensor>& params
     const bool fits = i < reuse.size() && reuse[i].defined() &&
                       reuse[i].sizes().equals(params[i].sizes()) &&
                       reuse[i].scalar_type() == params[i].scalar_type();
-    auto plain_float = [](const at::Tensor& t) {
-      return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
-    };
-    if (!adam_ && plain_float(params[i]) && plain_float(dir) &&
+    if (!adam_ && PlainCpuFloat(params[i]) && PlainCpuFloat(dir) &&
         dir.numel() == params[i].numel()) {
       // As Step's fused pass predicts (ahead rounded to float there too).
       at::Tensor target = fits && reuse[i].is_contiguous()
