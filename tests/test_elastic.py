@@ -5,6 +5,7 @@ newest checkpoint (keyed by layer, so it loads into the new plan); what the
 user sees is asserted through the API, apapoctl and /metrics, and that no
 stage process is left behind."""
 
+import collections
 import glob
 import hashlib
 import os
@@ -67,6 +68,11 @@ def plan_shape(plan):
             tuple((tuple(s.node_ids), len(s.placement)) for s in plan.stages))
 
 
+# A job run with a fault: the job as it ended, the worker faulted, the
+# workers it was placed on and the shape of the plan it started on.
+Faulted = collections.namedtuple("Faulted", "job victim placed shape_before")
+
+
 class ElasticJobTest(unittest.TestCase):
     def setUp(self):
         self.cluster = Cluster(workers=WORKERS)
@@ -85,19 +91,19 @@ class ElasticJobTest(unittest.TestCase):
     def run_with_fault(self, fault, replicas=0):
         """Trains STEPS on 3 workers in STAGES stages of `replicas` (0: the
         planner's choice), causes `fault(process)` to a placed worker once
-        a checkpoint exists, and returns (job, victim, placed)."""
+        a checkpoint exists, and returns the Faulted run."""
         c = self.cluster
         job_id = c.submit(spec(steps=STEPS, workers=WORKERS, stages=STAGES, replicas=replicas))
         c.watch_until(job_id, lambda m: m.job.state == job_pb2.JOB_STATE_RUNNING and
                       m.job.progress.step > STEPS // 3, timeout=300)
         placed, before = self.placed(job_id)
-        self.shape_before = plan_shape(before.plan)
         victim = placed[-1]
         fault(c.workers[victim])
         job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
-        return job, victim, placed
+        return Faulted(job, victim, placed, plan_shape(before.plan))
 
-    def assert_restarted_once(self, job, victim, placed):
+    def assert_restarted_once(self, run):
+        job, victim, placed = run.job, run.victim, run.placed
         self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
         self.assertEqual(job.restarts, 1)
         r = job.restart_history[0]
@@ -135,7 +141,7 @@ class ElasticJobTest(unittest.TestCase):
                 digests[os.path.basename(f)] = hashlib.sha256(data.read()).hexdigest()
         return digests
 
-    def assert_accuracy_as_uninterrupted(self, job, what, replicas=0, same_plan=False):
+    def assert_accuracy_as_uninterrupted(self, run, what, replicas=0, same_plan=False):
         """Within 0.5 point of the same spec trained without a fault, on the
         plan the job started on and on the plan it resumed on: each run
         once, on 3 and on 2 workers (the faulted one is replaced for them).
@@ -165,6 +171,7 @@ class ElasticJobTest(unittest.TestCase):
                                plan_shape(self.placed(ref_id)[1].plan),
                                self.final_checkpoint(ref_id))
         refs = [_reference[key][0] for key in keys]
+        job = run.job
         r = job.restart_history[0]
         self.assertEqual((r.stages_before, r.stages_after), (STAGES, STAGES))
         accuracy = job.progress.test_accuracy
@@ -190,7 +197,7 @@ class ElasticJobTest(unittest.TestCase):
         shape = plan_shape(self.placed(job.id)[1].plan)
         twins = [(acc, digests) for acc, ref_shape, digests in
                  (_reference[key] for key in keys)
-                 if shape == self.shape_before == ref_shape]
+                 if shape == run.shape_before == ref_shape]
         print(f"elastic: {what}: {len(twins)} uninterrupted run(s) on its plan", flush=True)
         for acc, digests in twins:
             self.assertEqual(accuracy, acc, f"{what}: resumed on its own plan")
@@ -198,11 +205,11 @@ class ElasticJobTest(unittest.TestCase):
                              f"{what}: step {STEPS} differs from the uninterrupted run's")
 
     def test_worker_killed_mid_run_is_replanned_on_the_survivors(self):
-        job, victim, placed = self.run_with_fault(
-            lambda p: p.proc.send_signal(signal.SIGKILL))
-        self.assert_restarted_once(job, victim, placed)
+        run = self.run_with_fault(lambda p: p.proc.send_signal(signal.SIGKILL))
+        job, victim, placed = run.job, run.victim, run.placed
+        self.assert_restarted_once(run)
         self.assertIn("lost", job.restart_history[0].cause)
-        self.assert_accuracy_as_uninterrupted(job, f"killed {victim}")
+        self.assert_accuracy_as_uninterrupted(run, f"killed {victim}")
         c = self.cluster
         # What the user sees: apapoctl get, and the restart on /metrics.
         ctl = t.binary("cli", "apapoctl")
@@ -227,10 +234,10 @@ class ElasticJobTest(unittest.TestCase):
         # One replica a stage: the plan leaves one worker idle, which
         # stands in for the stopped one, and the job resumes on the plan it
         # started on (the killed worker's job above may change plans).
-        job, victim, placed = self.run_with_fault(stop, replicas=1)
-        self.assert_restarted_once(job, victim, placed)
-        self.assertIn("heartbeat", job.restart_history[0].cause)
-        self.assert_accuracy_as_uninterrupted(job, f"stopped {victim}", replicas=1,
+        run = self.run_with_fault(stop, replicas=1)
+        self.assert_restarted_once(run)
+        self.assertIn("heartbeat", run.job.restart_history[0].cause)
+        self.assert_accuracy_as_uninterrupted(run, f"stopped {run.victim}", replicas=1,
                                               same_plan=True)
 
 
