@@ -115,6 +115,19 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> WorkerRegistry::Register(
   if (info.worker_id().empty()) {
     return absl::InvalidArgumentError("register.worker_id: must not be empty");
   }
+  // What the planner takes from a worker about its cores (WorkerInfo).
+  if (info.core_set().size() > 128 ||
+      !std::all_of(info.core_set().begin(), info.core_set().end(),
+                   [](char c) { return c > ' ' && c < 0x7f; })) {
+    return absl::InvalidArgumentError(
+        "register.core_set: at most 128 printable ASCII characters, no spaces");
+  }
+  if (info.core_set_size() < 0 || info.core_set_size() > 65536 ||
+      (info.core_set_size() == 0) != info.core_set().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register.core_set_size: ", info.core_set_size(),
+        "; must be 1..65536 with a core_set, 0 without one"));
+  }
   std::shared_ptr<WorkerSession> session;
   {
     absl::MutexLock lock(&mu_);

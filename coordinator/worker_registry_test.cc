@@ -56,6 +56,36 @@ TEST_F(WorkerRegistryTest, RegisterListAndDuplicateIds) {
   EXPECT_EQ(list[0].state(), apapo::v1::WORKER_STATE_IDLE);
 }
 
+// What a worker says about its cores reaches the planner: a hostile one is
+// refused at registration, naming the field.
+TEST_F(WorkerRegistryTest, CoreSetsAreCheckedAtRegistration) {
+  auto with = [](const std::string& id, const std::string& set, int size) {
+    apapo::v1::WorkerInfo info = Info(id);
+    info.set_core_set(set);
+    info.set_core_set_size(size);
+    return info;
+  };
+  ASSERT_TRUE(registry_.Register(with("w-1", "3f1c-09/0-1", 2)).ok());
+  ASSERT_TRUE(registry_.Register(with("w-2", "", 0)).ok());  // unknown
+  struct Bad {
+    std::string set;
+    int size;
+    const char* field;
+  };
+  for (const Bad& bad : {Bad{std::string(129, 'a'), 2, "register.core_set:"},
+                         Bad{"boot/0 1", 2, "register.core_set:"},
+                         Bad{std::string("boot/0\n", 7), 1, "register.core_set:"},
+                         Bad{"boot/0", 0, "register.core_set_size:"},
+                         Bad{"boot/0", -1, "register.core_set_size:"},
+                         Bad{"boot/0", 65537, "register.core_set_size:"},
+                         Bad{"", 2, "register.core_set_size:"}}) {
+    auto r = registry_.Register(with("w-bad", bad.set, bad.size));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad.set;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(bad.field)) << bad.set;
+  }
+  EXPECT_EQ(registry_.List().size(), 2u);
+}
+
 TEST_F(WorkerRegistryTest, SilentWorkerIsLostAndHookNamesItsJob) {
   std::vector<std::string> lost;
   registry_.SetLostHook([&](const std::string& w, const std::string& job,

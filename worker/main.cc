@@ -43,6 +43,7 @@
 #include "common/tls.h"
 #include "worker/confined_files.h"
 #include "worker/daemon/daemon.h"
+#include "worker/daemon/cores.h"
 #include "worker/daemon/memory.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_process.h"
@@ -157,6 +158,9 @@ int RunDaemon(int threads) {
   info.set_host(absl::GetFlag(FLAGS_host));
   info.set_cores(threads);
   info.set_memory_bytes(apapo::worker::AvailableMemoryBytes());
+  const apapo::worker::CoreSet cores = apapo::worker::ThisProcessCores();
+  info.set_core_set(cores.id);
+  info.set_core_set_size(cores.size);
   apapo::v1::Device* cpu = info.add_devices();
   cpu->set_kind("cpu");
   cpu->set_name(hostname);
