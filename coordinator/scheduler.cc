@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "planning/core_sharing.h"
 #include "planning/network_levels.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -334,6 +335,48 @@ void Scheduler::SendProfile(ActiveJob& a, int rank) {
   if (rank == 0) a.profile_host_command = *command;
 }
 
+std::optional<apapo::v1::WorkerInfo> Scheduler::SetCoreSet(
+    const ActiveJob& a, const std::string& worker_id,
+    apapo::v1::WorkerResources* res) {
+  // The registry's (checked at registration), never a profile result's.
+  res->clear_core_set();
+  res->clear_core_set_size();
+  res->clear_threads();
+  std::optional<apapo::v1::WorkerInfo> info = registry_->Info(worker_id);
+  if (!info.has_value() || info->core_set().empty()) return std::nullopt;
+  res->set_core_set(info->core_set());
+  res->set_core_set_size(info->core_set_size());
+  // A stage computes with the spec's threads, else one (StageThreads).
+  res->set_threads(std::max(1, a.spec.resources().threads_per_worker()));
+  return info;
+}
+
+void Scheduler::NoteSharedCores(ActiveJob& a, const std::string& worker_id,
+                                apapo::v1::ProfileResult* result) {
+  std::optional<apapo::v1::WorkerInfo> info =
+      SetCoreSet(a, worker_id, result->mutable_resources());
+  if (!info.has_value()) return;
+  const int threads = result->resources().threads();
+  // The job's workers on the same cores profiled (or trained) beside it:
+  // its times are scaled to what it computes alone.
+  int beside = 0;
+  for (const std::string& w : a.workers) {
+    std::optional<apapo::v1::WorkerInfo> other = registry_->Info(w);
+    if (other.has_value() && other->core_set() == info->core_set()) ++beside;
+  }
+  const double share =
+      planning::ShareOfCores(info->core_set_size(), threads, std::max(1, beside));
+  if (share >= 1) return;
+  planning::ProfiledAlone(share, result->mutable_profile());
+  jobs_->RecordEvent(a.id, absl::StrFormat(
+                               "%s shares %d core(s) with %d of the job's workers "
+                               "at %d thread(s) each: its profile is scaled to %.2f "
+                               "of the times measured",
+                               worker_id, info->core_set_size(), beside - 1, threads,
+                               share))
+      .IgnoreError();
+}
+
 std::string Scheduler::HostOf(const std::string& worker_id) {
   std::optional<apapo::v1::WorkerInfo> info = registry_->Info(worker_id);
   return info.has_value() && !info->host().empty() ? info->host() : "127.0.0.1";
@@ -476,6 +519,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeGrowthRequests() {
     for (const std::string& n : idle) {
       apapo::v1::ProfileResult r = like;
       r.mutable_resources()->set_worker_id(n);
+      SetCoreSet(a, n, r.mutable_resources());
       r.clear_links();
       hypothetical.workers.push_back(n);
       hypothetical.profiles[n] = r;
@@ -677,7 +721,8 @@ void Scheduler::OnWorkerMessage(const std::string& worker_id,
     case apapo::v1::WorkerMessage::kProfileResult: {
       ActiveJob* a = FindByWorker(worker_id, message.profile_result().job_id());
       if (a == nullptr || a->phase != Phase::kProfiling) return;
-      a->profiles[worker_id] = message.profile_result();
+      apapo::v1::ProfileResult& r = a->profiles[worker_id] = message.profile_result();
+      NoteSharedCores(*a, worker_id, &r);
       if (a->profiles.size() == a->workers.size()) {
         a->plan_ready = true;
         dirty_ = true;

@@ -72,6 +72,7 @@
 #define APAPO_COORDINATOR_SCHEDULER_H_
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -272,6 +273,17 @@ class Scheduler : public WorkerMessageListener {
   // Sends job.profile to the worker of `rank` (an index into job.workers);
   // fails the job if that worker is gone.
   void SendProfile(ActiveJob& job, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets `res`'s core set and threads from the registry's entry for the
+  // worker and the job's spec (cleared when it has none); that entry.
+  std::optional<apapo::v1::WorkerInfo> SetCoreSet(
+      const ActiveJob& job, const std::string& worker_id,
+      apapo::v1::WorkerResources* res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a profile result's core set from the registry and, when the
+  // job's workers on those cores hold more threads than cores, scales its
+  // profile to what the worker computes alone (planning/core_sharing.h).
+  void NoteSharedCores(ActiveJob& job, const std::string& worker_id,
+                       apapo::v1::ProfileResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The address a worker registered (127.0.0.1 if none).
   std::string HostOf(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -26,6 +26,7 @@ class FakePlanner : public planning::Planner {
       const apapo::v1::JobSpec&, const apapo::v1::ModelProfile& profile,
       const apapo::v1::ClusterSpec& cluster) override {
     seen_cluster = cluster;
+    seen_profile = profile;
     if (gate != nullptr) {
       entered.Notify();
       gate->WaitForNotification();
@@ -46,6 +47,7 @@ class FakePlanner : public planning::Planner {
   }
   absl::Status error;
   apapo::v1::ClusterSpec seen_cluster;
+  apapo::v1::ModelProfile seen_profile;
   // When set, MakePlan notifies `entered` and blocks until `*gate` opens
   // (one plan per test).
   absl::Notification* gate = nullptr;
@@ -89,10 +91,13 @@ class SchedulerTest : public ::testing::Test {
     });
   }
 
-  void AddWorker(const std::string& id, const std::string& host = "127.0.0.1") {
+  void AddWorker(const std::string& id, const std::string& host = "127.0.0.1",
+                 const std::string& core_set = "", int core_set_size = 0) {
     apapo::v1::WorkerInfo info;
     info.set_worker_id(id);
     info.set_host(host);
+    info.set_core_set(core_set);
+    info.set_core_set_size(core_set_size);
     auto session = registry_.Register(info);
     EXPECT_TRUE(session.ok());
     if (session.ok()) sessions_[id] = *session;
@@ -237,6 +242,62 @@ class SchedulerTest : public ::testing::Test {
   Scheduler scheduler_{&jobs_, &registry_, &planner_, &clock_, Options()};
   std::map<std::string, std::shared_ptr<WorkerSession>> sessions_;
 };
+
+// Two one-thread workers pinned to one core profile at half the speed each
+// has alone: the planner gets the reference profile scaled to that, each
+// worker's core set as the registry has it (not as its result claims), and
+// the job's events say so.
+TEST_F(SchedulerTest, WorkersSharingACoreAreProfiledAsAlone) {
+  AddWorker("w-1", "127.0.0.1", "boot/0", 1);
+  AddWorker("w-2", "127.0.0.1", "boot/0", 1);
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  WorkerMessage claim;
+  claim.mutable_profile_result()->set_job_id(id);
+  claim.mutable_profile_result()->mutable_resources()->set_core_set("boot/9");
+  claim.mutable_profile_result()->mutable_resources()->set_core_set_size(64);
+  auto* n = claim.mutable_profile_result()->mutable_profile()->add_nodes();
+  n->set_id("fc1");
+  n->set_forward_seconds(2.0);
+  claim.mutable_profile_result()->mutable_profile()->set_model("mlp");
+  scheduler_.OnWorkerMessage("w-2", claim);
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_profile.nodes(0).forward_seconds(), 0.5);
+  for (const auto& w : planner_.seen_cluster.workers()) {
+    EXPECT_EQ(w.core_set(), "boot/0") << w.worker_id();
+    EXPECT_EQ(w.core_set_size(), 1);
+    EXPECT_EQ(w.threads(), 1);
+  }
+  // Relative speeds from the times alone: w-2 still took twice as long.
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.5);
+  std::string events;
+  const auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
+  ASSERT_TRUE(change.ok());
+  for (const auto& e : change->events) {
+    events += e.message() + "\n";
+  }
+  EXPECT_THAT(events, HasSubstr("w-1 shares 1 core(s) with 1 of the job's workers"));
+  EXPECT_THAT(events, HasSubstr("scaled to 0.50"));
+}
+
+// Two one-thread workers on a 2-core set have a core each: as measured.
+TEST_F(SchedulerTest, WorkersWithCoresEnoughAreProfiledAsMeasured) {
+  AddWorker("w-1", "127.0.0.1", "boot/0-1", 2);
+  AddWorker("w-2", "127.0.0.1", "boot/0-1", 2);
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 1.0);
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_profile.nodes(0).forward_seconds(), 1.0);
+  EXPECT_EQ(planner_.seen_cluster.workers(0).core_set(), "boot/0-1");
+  EXPECT_EQ(planner_.seen_cluster.workers(0).core_set_size(), 2);
+}
 
 TEST_F(SchedulerTest, FullLifecycleToSucceededWithProgress) {
   std::string id = StartRunningJob();

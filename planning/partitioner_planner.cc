@@ -15,6 +15,7 @@
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
 #include "partitioner/simulator.h"
+#include "planning/core_sharing.h"
 #include "planning/network_levels.h"
 #include "planning/stage_plan.h"
 
@@ -162,6 +163,48 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
 }  // namespace
 
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
+    const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
+    const apapo::v1::ClusterSpec& cluster_spec) {
+  const std::vector<std::vector<int>> subsets = CoreSharingSubsets(cluster_spec);
+  if (subsets.empty()) return PlanOn(spec, profile, cluster_spec);
+  // Workers share cores: weigh all of them busy, each at its share, against
+  // fewer per core set at larger shares (core_sharing.h). The first subset
+  // is every worker; a smaller one must predict more than 0.1% above.
+  // One with fewer workers than the spec's stages x replicas is not
+  // weighed (the whole cluster may be, with PlanOn's fewer note).
+  const size_t asked = static_cast<size_t>(std::max(1, spec.schedule().stages())) *
+                       static_cast<size_t>(std::max(1, spec.schedule().replicas()));
+  absl::StatusOr<apapo::v1::Plan> best = absl::InternalError("no worker subset");
+  std::vector<std::string> weighed;
+  for (const std::vector<int>& subset : subsets) {
+    const bool all = static_cast<int>(subset.size()) == cluster_spec.workers_size();
+    if (!all && subset.size() < asked) continue;
+    absl::StatusOr<apapo::v1::Plan> plan =
+        PlanOn(spec, profile, SubCluster(cluster_spec, subset));
+    if (!plan.ok()) {
+      if (all) best = plan.status();
+      continue;
+    }
+    const double rate = plan->prediction().samples_per_second();
+    weighed.push_back(absl::StrFormat("%.0f samples/s on %d", rate, subset.size()));
+    if (!best.ok() || rate > 1.001 * best->prediction().samples_per_second()) {
+      best = std::move(plan);
+    }
+  }
+  if (best.ok() && weighed.size() > 1) {
+    std::set<std::string> busy;
+    for (const auto& st : best->stages()) {
+      for (const auto& r : st.placement()) busy.insert(r.worker_id());
+    }
+    best->add_notes(absl::StrFormat(
+        "workers share cores (their core sets hold fewer cores than threads "
+        "with all of them busy): predicted %s worker(s); planned on %d",
+        absl::StrJoin(weighed, ", "), busy.size()));
+  }
+  return best;
+}
+
+absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
     const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
     const apapo::v1::ClusterSpec& cluster_spec) {
   absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);

@@ -9,6 +9,12 @@
 // (UNSPECIFIED) plans with the async schedule, whose DP also considers
 // replicating stages (one stage replicated everywhere is data parallelism).
 //
+// Shared cores: when workers report core sets that hold fewer cores than
+// their threads with all of them busy (core_sharing.h), the plan is the
+// best of all the workers at their shares and of fewer per core set at
+// larger ones; a note gives each prediction. Workers it leaves out are
+// the coordinator's to release.
+//
 // Budget: every DP run of a MakePlan call (the plan, its layer-split trials,
 // the alternatives) is bounded by `budget` (default kCoordinatorBudget), so
 // a model whose search would outgrow it fails with RESOURCE_EXHAUSTED naming
@@ -41,6 +47,11 @@ class PartitionerPlanner : public Planner {
       const apapo::v1::ClusterSpec& cluster) override;
 
  private:
+  // MakePlan on `cluster` as given (no core sharing weighed).
+  absl::StatusOr<apapo::v1::Plan> PlanOn(const apapo::v1::JobSpec& spec,
+                                         const apapo::v1::ModelProfile& profile,
+                                         const apapo::v1::ClusterSpec& cluster);
+
   const partitioner::PlannerOptions::Budget budget_;
 };
 

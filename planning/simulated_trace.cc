@@ -12,6 +12,7 @@
 #include "partitioner/optimizer.h"
 #include "partitioner/plan_proto.h"
 #include "partitioner/simulator.h"
+#include "planning/core_sharing.h"
 #include "planning/network_levels.h"
 #include "planning/stage_plan.h"
 #include "schedule/span_kind.h"
@@ -58,9 +59,18 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   pt::Cluster cluster;
   std::map<std::string, int> worker_index;
   for (const auto& w : spec.workers()) {
-    worker_index[w.worker_id()] = static_cast<int>(cluster.speeds.size());
-    cluster.speeds.push_back(w.relative_speed() > 0 ? w.relative_speed() : 1.0);
+    worker_index[w.worker_id()] = static_cast<int>(worker_index.size());
   }
+  // Each worker at its speed with the plan's workers busy (workers that
+  // share cores run at their share: core_sharing.h).
+  std::vector<bool> busy(spec.workers_size(), false);
+  for (const auto& stage : plan.stages()) {
+    for (const auto& replica : stage.placement()) {
+      auto it = worker_index.find(replica.worker_id());
+      if (it != worker_index.end()) busy[it->second] = true;
+    }
+  }
+  cluster.speeds = SpeedsUnderLoad(spec, busy);
   cluster.levels = {pt::Level{std::max<int>(1, cluster.speeds.size()), bandwidth}};
   if (cluster.speeds.empty()) cluster.speeds.push_back(1.0);
 

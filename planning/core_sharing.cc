@@ -1,0 +1,140 @@
+#include "planning/core_sharing.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "planning/network_levels.h"
+
+namespace apapo::planning {
+
+double ShareOfCores(int cores, int threads, int busy) {
+  if (cores <= 0 || threads <= 0 || busy <= 0) return 1.0;
+  return std::min(1.0, static_cast<double>(cores) /
+                           (static_cast<double>(threads) * busy));
+}
+
+void ProfiledAlone(double share, apapo::v1::ModelProfile* profile) {
+  if (!(share > 0 && share < 1)) return;
+  for (auto& node : *profile->mutable_nodes()) {
+    node.set_forward_seconds(node.forward_seconds() * share);
+    node.set_backward_seconds(node.backward_seconds() * share);
+  }
+  profile->set_update_seconds(profile->update_seconds() * share);
+}
+
+namespace {
+
+bool Shares(const apapo::v1::WorkerResources& w) {
+  return !w.core_set().empty() && w.core_set_size() > 0;
+}
+
+}  // namespace
+
+std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
+                                    const std::vector<bool>& busy) {
+  std::map<std::string, int> busy_in;
+  for (int i = 0; i < cluster.workers_size(); ++i) {
+    const auto& w = cluster.workers(i);
+    if (Shares(w) && i < static_cast<int>(busy.size()) && busy[i]) ++busy_in[w.core_set()];
+  }
+  std::vector<double> speeds;
+  for (const auto& w : cluster.workers()) {
+    double speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+    if (Shares(w)) {
+      speed *= ShareOfCores(w.core_set_size(), std::max(1, w.threads()),
+                            std::max(1, busy_in[w.core_set()]));
+    }
+    speeds.push_back(speed);
+  }
+  return speeds;
+}
+
+std::vector<std::vector<int>> CoreSharingSubsets(
+    const apapo::v1::ClusterSpec& cluster) {
+  std::map<std::string, std::vector<int>> members;
+  bool oversubscribed = false;
+  for (int i = 0; i < cluster.workers_size(); ++i) {
+    const auto& w = cluster.workers(i);
+    if (!Shares(w)) continue;
+    std::vector<int>& m = members[w.core_set()];
+    m.push_back(i);
+    oversubscribed |= static_cast<int64_t>(std::max(1, w.threads())) *
+                          static_cast<int64_t>(m.size()) > w.core_set_size();
+  }
+  std::vector<std::vector<int>> subsets;
+  if (!oversubscribed) return subsets;
+  size_t largest = 0;
+  for (const auto& [set, m] : members) largest = std::max(largest, m.size());
+  std::set<std::vector<int>> seen;
+  for (size_t k = largest; k >= 1; --k) {
+    std::vector<int> subset;
+    for (int i = 0; i < cluster.workers_size(); ++i) {
+      const auto& w = cluster.workers(i);
+      if (!Shares(w)) {
+        subset.push_back(i);
+        continue;
+      }
+      const std::vector<int>& m = members[w.core_set()];
+      if (std::find(m.begin(), m.end(), i) - m.begin() < static_cast<std::ptrdiff_t>(k)) {
+        subset.push_back(i);
+      }
+    }
+    if (seen.insert(subset).second) subsets.push_back(std::move(subset));
+  }
+  return subsets;
+}
+
+apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
+                                  const std::vector<int>& subset) {
+  std::vector<bool> busy(cluster.workers_size(), false);
+  for (int i : subset) {
+    if (i >= 0 && i < cluster.workers_size()) busy[i] = true;
+  }
+  const std::vector<double> speeds = SpeedsUnderLoad(cluster, busy);
+  std::vector<std::string> ids;
+  std::vector<int> kept;
+  for (int i = 0; i < cluster.workers_size(); ++i) {
+    if (!busy[i]) continue;
+    kept.push_back(i);
+    ids.push_back(cluster.workers(i).worker_id());
+  }
+  const std::set<std::string> held(ids.begin(), ids.end());
+  apapo::v1::ClusterSpec out = cluster;
+  out.clear_workers();
+  out.clear_links();
+  out.clear_levels();
+  std::vector<apapo::v1::LinkMeasurement> links;
+  for (const auto& link : cluster.links()) {
+    if (held.count(link.from_worker()) && held.count(link.to_worker())) {
+      links.push_back(link);
+      *out.add_links() = link;
+    }
+  }
+  const NetworkLevels levels = InferNetworkLevels(ids, links);
+  std::vector<int> order = levels.order;
+  if (order.size() != kept.size()) {
+    order.clear();
+    for (size_t i = 0; i < kept.size(); ++i) order.push_back(static_cast<int>(i));
+  }
+  for (int o : order) {
+    apapo::v1::WorkerResources* w = out.add_workers();
+    *w = cluster.workers(kept[o]);
+    w->set_relative_speed(speeds[kept[o]]);
+    w->clear_core_set();
+    w->clear_core_set_size();
+  }
+  if (!levels.levels.empty()) {
+    for (const auto& level : levels.levels) *out.add_levels() = level;
+  } else {
+    apapo::v1::NetworkLevel* level = out.add_levels();
+    level->set_group_size(static_cast<int>(kept.size()));
+    if (cluster.levels_size() > 0) {
+      level->set_bandwidth_bytes_per_second(cluster.levels(0).bandwidth_bytes_per_second());
+    }
+  }
+  return out;
+}
+
+}  // namespace apapo::planning

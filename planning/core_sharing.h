@@ -1,0 +1,61 @@
+// Workers that share cores: daemons of one machine (namespaces, containers)
+// or pinned to the same CPUs report the same WorkerInfo.core_set, and the
+// planner must not take them for devices of their own. Four one-thread
+// workers on two cores compute as two: a plan that keeps all four busy runs
+// each at half its speed, and one that keeps two busy (one per core) runs
+// them at full speed. (bench/cluster, 2 hosts x 2 workers on this 2-core
+// machine: the planner took the four for four devices and chose plans that
+// ran 0.74-0.79x the ones it rejected.)
+//
+// The model: a core set of C CPUs whose b busy workers run t compute
+// threads each gives each min(1, C / (t b)) of its speed alone. Profiling
+// runs under it too (every worker of a job profiles at once, and a worker
+// that joins later profiles beside the training ones): the coordinator
+// scales a worker's measured times by that share, so a profile is what the
+// worker computes with its cores to itself (ProfiledAlone), and the planner
+// applies the share of the plan it weighs (SpeedsUnderLoad).
+//
+// Thread-safety: pure functions.
+#ifndef APAPO_PLANNING_CORE_SHARING_H_
+#define APAPO_PLANNING_CORE_SHARING_H_
+
+#include <vector>
+
+#include "proto/apapo/v1/profile.pb.h"
+
+namespace apapo::planning {
+
+// min(1, cores / (threads x busy)); 1 when any of them is not positive.
+double ShareOfCores(int cores, int threads, int busy);
+
+// `profile` as its worker computes it alone, from times measured at
+// `share` of its cores: every node's forward and backward and the update
+// scaled by the share (kept when it is not in (0, 1)).
+void ProfiledAlone(double share, apapo::v1::ModelProfile* profile);
+
+// Each worker's relative_speed (1 where unset) times its core set's share
+// when the workers marked `busy` (by index into cluster.workers) train at
+// once. A worker without a core set keeps its speed.
+std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
+                                    const std::vector<bool>& busy);
+
+// The worker subsets a planner should weigh: empty when no core set holds
+// more threads than cores with all its workers busy (plan on all of them,
+// as they are); otherwise, for k = the largest set's size down to 1, every
+// worker without a set and the first k of each set (in cluster order,
+// which keeps network groups together). Indices ascending, each subset
+// once.
+std::vector<std::vector<int>> CoreSharingSubsets(
+    const apapo::v1::ClusterSpec& cluster);
+
+// `cluster` restricted to `subset` (indices): its workers, each at its
+// speed under that load (SpeedsUnderLoad) with its core set cleared (the
+// share is applied), the links among them, the network levels re-inferred
+// from those links (one level at the cluster's innermost bandwidth when
+// none was measured); the rest as in `cluster`.
+apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
+                                  const std::vector<int>& subset);
+
+}  // namespace apapo::planning
+
+#endif  // APAPO_PLANNING_CORE_SHARING_H_

@@ -1,0 +1,186 @@
+#include "planning/core_sharing.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planning/partitioner_planner.h"
+
+namespace apapo::planning {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(CoreSharingTest, AShareIsTheCoresOverTheBusyThreads) {
+  EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 4), 0.5);
+  EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 3), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 2), 1.0);
+  EXPECT_DOUBLE_EQ(ShareOfCores(8, 4, 4), 0.5);
+  EXPECT_DOUBLE_EQ(ShareOfCores(0, 1, 4), 1.0);  // unknown
+}
+
+TEST(CoreSharingTest, AProfileAloneIsTheMeasuredTimesAtTheShare) {
+  apapo::v1::ModelProfile p;
+  auto* n = p.add_nodes();
+  n->set_forward_seconds(0.2);
+  n->set_backward_seconds(0.4);
+  p.set_update_seconds(0.1);
+  ProfiledAlone(0.5, &p);
+  EXPECT_DOUBLE_EQ(p.nodes(0).forward_seconds(), 0.1);
+  EXPECT_DOUBLE_EQ(p.nodes(0).backward_seconds(), 0.2);
+  EXPECT_DOUBLE_EQ(p.update_seconds(), 0.05);
+  ProfiledAlone(1.0, &p);  // the cores to itself: as measured
+  ProfiledAlone(0.0, &p);
+  EXPECT_DOUBLE_EQ(p.nodes(0).forward_seconds(), 0.1);
+}
+
+// The bench's 2 hosts x 2 workers on a 2-core machine: w-1, w-2 on host 1,
+// w-3, w-4 on host 2, fast inside a host and slow between; w-1 and w-4 pinned
+// to core 0, w-2 and w-3 to core 1. Profiled all at once, each at half its
+// speed alone: relative speed 2 with its core to itself.
+apapo::v1::ClusterSpec TwoByTwo() {
+  apapo::v1::ClusterSpec c;
+  const char* set[] = {"boot/0", "boot/1", "boot/1", "boot/0"};
+  for (int i = 0; i < 4; ++i) {
+    auto* w = c.add_workers();
+    w->set_worker_id("w-" + std::to_string(i + 1));
+    w->set_relative_speed(2.0);
+    w->set_core_set(set[i]);
+    w->set_core_set_size(1);
+    w->set_threads(1);
+  }
+  for (int a = 0; a < 4; ++a) {
+    for (int b = 0; b < 4; ++b) {
+      if (a == b) continue;
+      auto* l = c.add_links();
+      l->set_from_worker("w-" + std::to_string(a + 1));
+      l->set_to_worker("w-" + std::to_string(b + 1));
+      l->set_bandwidth_bytes_per_second(a / 2 == b / 2 ? 1e9 : 1.25e7);
+      l->set_message_bytes(4 << 20);
+    }
+  }
+  auto* inner = c.add_levels();
+  inner->set_group_size(2);
+  inner->set_bandwidth_bytes_per_second(1e9);
+  auto* outer = c.add_levels();
+  outer->set_group_size(2);
+  outer->set_bandwidth_bytes_per_second(1.25e7);
+  return c;
+}
+
+TEST(CoreSharingTest, SpeedsFollowTheBusyWorkersOfEachCoreSet) {
+  const apapo::v1::ClusterSpec c = TwoByTwo();
+  EXPECT_THAT(SpeedsUnderLoad(c, {true, true, true, true}), ElementsAre(1, 1, 1, 1));
+  // One busy per core: each at its speed alone.
+  EXPECT_THAT(SpeedsUnderLoad(c, {true, true, false, false}), ElementsAre(2, 2, 2, 2));
+  EXPECT_THAT(SpeedsUnderLoad(c, {true, true, true, false}), ElementsAre(2, 1, 1, 2));
+  // A worker without a core set keeps its speed whatever is busy.
+  apapo::v1::ClusterSpec unknown = c;
+  unknown.mutable_workers(0)->clear_core_set();
+  unknown.mutable_workers(0)->clear_core_set_size();
+  EXPECT_THAT(SpeedsUnderLoad(unknown, {true, true, true, true}), ElementsAre(2, 1, 1, 2));
+}
+
+TEST(CoreSharingTest, SubsetsAreFewerWorkersPerCoreSetWhenTheCoresAreShort) {
+  apapo::v1::ClusterSpec c = TwoByTwo();
+  // All four, then the first of each core set (w-1 and w-2: one host).
+  EXPECT_THAT(CoreSharingSubsets(c), ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(0, 1)));
+  // Two cores per set hold both one-thread workers: nothing to weigh.
+  for (auto& w : *c.mutable_workers()) w.set_core_set_size(2);
+  EXPECT_TRUE(CoreSharingSubsets(c).empty());
+  // With two threads each they do not.
+  for (auto& w : *c.mutable_workers()) w.set_threads(2);
+  EXPECT_EQ(CoreSharingSubsets(c).size(), 2u);
+  // Three workers on one 2-core set, a fourth without one (always kept).
+  apapo::v1::ClusterSpec three = TwoByTwo();
+  for (int i = 0; i < 3; ++i) {
+    three.mutable_workers(i)->set_core_set("boot/0-1");
+    three.mutable_workers(i)->set_core_set_size(2);
+  }
+  three.mutable_workers(3)->clear_core_set();
+  three.mutable_workers(3)->clear_core_set_size();
+  EXPECT_THAT(CoreSharingSubsets(three),
+              ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(0, 1, 3), ElementsAre(0, 3)));
+}
+
+TEST(CoreSharingTest, ASubClusterHasItsWorkersLinksAndLevels) {
+  const apapo::v1::ClusterSpec sub = SubCluster(TwoByTwo(), {0, 1});
+  ASSERT_EQ(sub.workers_size(), 2);
+  EXPECT_EQ(sub.workers(0).worker_id(), "w-1");
+  EXPECT_EQ(sub.workers(1).worker_id(), "w-2");
+  EXPECT_DOUBLE_EQ(sub.workers(0).relative_speed(), 2.0);
+  EXPECT_TRUE(sub.workers(0).core_set().empty());  // the share is applied
+  EXPECT_EQ(sub.links_size(), 2);
+  ASSERT_EQ(sub.levels_size(), 1);  // one host: one level, its fast link
+  EXPECT_EQ(sub.levels(0).group_size(), 2);
+  EXPECT_DOUBLE_EQ(sub.levels(0).bandwidth_bytes_per_second(), 1e9);
+  const apapo::v1::ClusterSpec all = SubCluster(TwoByTwo(), {0, 1, 2, 3});
+  ASSERT_EQ(all.levels_size(), 2);
+  EXPECT_DOUBLE_EQ(all.workers(3).relative_speed(), 1.0);
+}
+
+// A chain of four equal layers, 8 MB of activations between them: a cut
+// across hosts costs more than it gains.
+apapo::v1::ModelProfile Chain() {
+  apapo::v1::ModelProfile p;
+  p.set_model("chain");
+  p.set_batch_size(128);
+  std::string prev;
+  for (int i = 0; i < 4; ++i) {
+    auto* n = p.add_nodes();
+    n->set_id("fc" + std::to_string(i));
+    if (!prev.empty()) n->add_inputs(prev);
+    n->set_forward_seconds(0.01);
+    n->set_backward_seconds(0.02);
+    n->set_activation_bytes(128 * 2048 * 4);
+    n->set_parameter_bytes(1024LL * 1024 * 4);
+    prev = n->id();
+  }
+  return p;
+}
+
+TEST(CoreSharingTest, ThePlannerWeighsFewerWorkersAtTheirWholeCores) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_split_layers(false);
+  PartitionerPlanner planner;
+  auto plan = planner.MakePlan(spec, Chain(), TwoByTwo());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // What each subset predicts, planned as it is (its speeds under load).
+  auto four = planner.MakePlan(spec, Chain(), SubCluster(TwoByTwo(), {0, 1, 2, 3}));
+  auto two = planner.MakePlan(spec, Chain(), SubCluster(TwoByTwo(), {0, 1}));
+  ASSERT_TRUE(four.ok() && two.ok());
+  EXPECT_GT(two->prediction().samples_per_second(),
+            four->prediction().samples_per_second());
+  EXPECT_DOUBLE_EQ(plan->prediction().samples_per_second(),
+                   two->prediction().samples_per_second());
+  std::set<std::string> placed;
+  for (const auto& st : plan->stages()) {
+    for (const auto& r : st.placement()) placed.insert(r.worker_id());
+  }
+  EXPECT_THAT(placed, ElementsAre("w-1", "w-2"));  // one host, one per core
+  std::string notes;
+  for (const auto& n : plan->notes()) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("workers share cores"));
+  EXPECT_THAT(notes, HasSubstr("planned on 2"));
+}
+
+// A spec's stages x replicas is not planned on fewer workers than it asks
+// for while all of them can run it.
+TEST(CoreSharingTest, AskedStagesAndReplicasKeepTheirWorkers) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(2);
+  spec.mutable_schedule()->set_replicas(2);
+  auto plan = PartitionerPlanner().MakePlan(spec, Chain(), TwoByTwo());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2);
+  EXPECT_EQ(plan->stages(0).placement_size(), 2);
+  EXPECT_EQ(plan->stages(1).placement_size(), 2);
+}
+
+}  // namespace
+}  // namespace apapo::planning
