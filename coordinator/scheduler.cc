@@ -294,6 +294,7 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.phase = Phase::kProfiling;
   a.deadline = clock_->Now() + options_.profile_timeout;
   a.profiles.clear();
+  a.core_set_members.clear();
   a.plan_ready = false;
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
@@ -358,12 +359,17 @@ void Scheduler::NoteSharedCores(ActiveJob& a, const std::string& worker_id,
   if (!info.has_value()) return;
   const int threads = result->resources().threads();
   // The job's workers on the same cores profiled (or trained) beside it:
-  // its times are scaled to what it computes alone.
-  int beside = 0;
-  for (const std::string& w : a.workers) {
-    std::optional<apapo::v1::WorkerInfo> other = registry_->Info(w);
-    if (other.has_value() && other->core_set() == info->core_set()) ++beside;
+  // its times are scaled to what it computes alone. Counted once per round
+  // (one registry lookup a worker, not one per worker and result).
+  if (a.core_set_members.empty()) {
+    for (const std::string& w : a.workers) {
+      std::optional<apapo::v1::WorkerInfo> other = registry_->Info(w);
+      if (other.has_value() && !other->core_set().empty()) {
+        ++a.core_set_members[other->core_set()];
+      }
+    }
   }
+  const int beside = a.core_set_members[info->core_set()];
   const double share =
       planning::ShareOfCores(info->core_set_size(), threads, std::max(1, beside));
   if (share >= 1) return;

@@ -195,6 +195,9 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::ProfileCommand profile;
     int64_t profile_host_command = -1;  // rank 0's ProfileCommand id
     std::map<std::string, apapo::v1::ProfileResult> profiles;
+    // How many of the job's workers each core set holds, counted once per
+    // profiling round (NoteSharedCores; empty until then).
+    std::map<std::string, int> core_set_members;
     bool plan_ready = false;  // all profiles in; the thread plans
     // Non-zero while the planner computes this job's plan: the attempt the
     // result must match to be applied (PlanRequest::attempt).
