@@ -30,6 +30,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   gpipe      and GPipe's, each on 2 stages with 4 micro-batches of 32
   replicas2  ours, data parallelism forced (1 stage x 2 replicas;
              replicasN: N replicas, e.g. replicas4 with --layout=2x2)
+  stagesN    ours, async on N stages of one replica each (stages4 with
+             --layout=2x2: all four workers busy, two to a core)
   ddp        PyTorch DDP, Gloo, rank per host
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
              gradients crossing the link in bfloat16 (transfer_precision)
@@ -73,7 +75,13 @@ LAYOUTS = {"2x1": 1, "2x2": 2}  # workers per host, on two hosts
 
 def is_ours(row):
     row = rt.row_variant(row)[0]
-    return row in ("auto", "async", "1f1b_flush", "gpipe") or row.startswith("replicas")
+    return row in ("auto", "async", "1f1b_flush", "gpipe") or numbered(row, "replicas") or \
+        numbered(row, "stages")
+
+
+def numbered(row, prefix):
+    """Whether `row` is `prefix` and a number (replicas4, stages4)."""
+    return row.startswith(prefix) and row[len(prefix):].isdigit()
 
 
 def on_host(i):
@@ -246,11 +254,10 @@ def inner(a):
     timed_steps = {"mlp": a.mlp_steps, "cnn": a.cnn_steps, "transformer_lm": a.lm_steps}
     links = a.links.split(",")
     rows = a.rows.split(",")
-    bad_rows = [r for r in rows if r not in ROWS and not (
-        r.startswith("replicas") and r[len("replicas"):].isdigit()) and not (
-        rt.row_variant(r)[0] != r and is_ours(r))]
+    bad_rows = [r for r in rows if r not in ROWS and not numbered(r, "replicas") and not
+                numbered(r, "stages") and not (rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
-        sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN; "
+        sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN, stagesN; "
                  f"ours as ROW_bf16 (transfers in bfloat16), ROW_sN (max_staleness N), "
                  f"ROW_cN (a checkpoint every N steps))")
     try:

@@ -170,6 +170,11 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     elif row == "async_local":
         # --local's forced layout: the contiguous, compute-balanced whole-layer cut.
         s.kind, s.stages = plan_pb2.SCHEDULE_KIND_ASYNC, 2
+    elif row.startswith("stages") and row[len("stages"):].isdigit():
+        # stagesN: the async pipeline on N stages of one replica each (on
+        # N workers, whatever they share: bench/cluster's 2x2 layout).
+        s.kind = plan_pb2.SCHEDULE_KIND_ASYNC
+        s.stages, s.replicas = int(row[len("stages"):]), 1
     elif row.startswith("replicas"):
         # replicasN: one stage on N replicas, each taking one micro-batch
         # of the mini-batch (replicas2: 64 samples of the 128).
