@@ -1,6 +1,7 @@
 #include "planning/core_sharing.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -54,32 +55,37 @@ std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
 std::vector<std::vector<int>> CoreSharingSubsets(
     const apapo::v1::ClusterSpec& cluster) {
   std::map<std::string, std::vector<int>> members;
+  // Each worker's position in its set (0 for a worker without one).
+  std::vector<size_t> position(cluster.workers_size(), 0);
   bool oversubscribed = false;
   for (int i = 0; i < cluster.workers_size(); ++i) {
     const auto& w = cluster.workers(i);
     if (!Shares(w)) continue;
     std::vector<int>& m = members[w.core_set()];
+    position[i] = m.size();
     m.push_back(i);
     oversubscribed |= static_cast<int64_t>(std::max(1, w.threads())) *
                           static_cast<int64_t>(m.size()) > w.core_set_size();
   }
   std::vector<std::vector<int>> subsets;
   if (!oversubscribed) return subsets;
+  // k: every worker; as many per set as its cores hold at full speed
+  // (fewer than that only saves links); one.
   size_t largest = 0;
-  for (const auto& [set, m] : members) largest = std::max(largest, m.size());
+  std::set<size_t, std::greater<>> ks = {1};
+  for (const auto& [set, m] : members) {
+    largest = std::max(largest, m.size());
+    const auto& w = cluster.workers(m.front());
+    ks.insert(std::max<size_t>(1, w.core_set_size() / std::max(1, w.threads())));
+  }
+  ks.insert(largest);
   std::set<std::vector<int>> seen;
-  for (size_t k = largest; k >= 1; --k) {
+  for (size_t k : ks) {
+    if (k > largest) continue;
+    if (subsets.size() == kMaxCoreSharingSubsets) break;
     std::vector<int> subset;
     for (int i = 0; i < cluster.workers_size(); ++i) {
-      const auto& w = cluster.workers(i);
-      if (!Shares(w)) {
-        subset.push_back(i);
-        continue;
-      }
-      const std::vector<int>& m = members[w.core_set()];
-      if (std::find(m.begin(), m.end(), i) - m.begin() < static_cast<std::ptrdiff_t>(k)) {
-        subset.push_back(i);
-      }
+      if (!Shares(cluster.workers(i)) || position[i] < k) subset.push_back(i);
     }
     if (seen.insert(subset).second) subsets.push_back(std::move(subset));
   }

@@ -19,6 +19,7 @@
 #ifndef APAPO_PLANNING_CORE_SHARING_H_
 #define APAPO_PLANNING_CORE_SHARING_H_
 
+#include <cstddef>
 #include <vector>
 
 #include "proto/apapo/v1/profile.pb.h"
@@ -39,12 +40,17 @@ void ProfiledAlone(double share, apapo::v1::ModelProfile* profile);
 std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
                                     const std::vector<bool>& busy);
 
+// At most this many subsets are weighed (each is a whole MakePlan).
+inline constexpr size_t kMaxCoreSharingSubsets = 4;
+
 // The worker subsets a planner should weigh: empty when no core set holds
 // more threads than cores with all its workers busy (plan on all of them,
-// as they are); otherwise, for k = the largest set's size down to 1, every
-// worker without a set and the first k of each set (in cluster order,
-// which keeps network groups together). Indices ascending, each subset
-// once.
+// as they are); otherwise, for k in descending order among: the largest
+// set's size (every worker), each set's cores / threads (as many as its
+// cores run at full speed) and 1, every worker without a set and the
+// first k of each set (in cluster order, which keeps network groups
+// together). Indices ascending, each subset once, at most
+// kMaxCoreSharingSubsets.
 std::vector<std::vector<int>> CoreSharingSubsets(
     const apapo::v1::ClusterSpec& cluster);
 

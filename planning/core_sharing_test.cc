@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planning/partitioner_planner.h"
@@ -104,6 +105,26 @@ TEST(CoreSharingTest, SubsetsAreFewerWorkersPerCoreSetWhenTheCoresAreShort) {
   three.mutable_workers(3)->clear_core_set_size();
   EXPECT_THAT(CoreSharingSubsets(three),
               ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(0, 1, 3), ElementsAre(0, 3)));
+}
+
+TEST(CoreSharingTest, AtMostFourSubsetsAreWeighed) {
+  // Four sets of 6 one-thread workers on 5, 4, 3 and 2 cores: k = 6 (all),
+  // 5, 4, 3, 2 and 1 are candidates; the four largest are weighed.
+  apapo::v1::ClusterSpec c;
+  for (int set = 0; set < 4; ++set) {
+    for (int j = 0; j < 6; ++j) {
+      auto* w = c.add_workers();
+      w->set_worker_id(absl::StrCat("w-", set, "-", j));
+      w->set_core_set(absl::StrCat("boot/", set));
+      w->set_core_set_size(5 - set);
+      w->set_threads(1);
+    }
+  }
+  const auto subsets = CoreSharingSubsets(c);
+  ASSERT_EQ(subsets.size(), kMaxCoreSharingSubsets);
+  EXPECT_EQ(subsets[0].size(), 24u);
+  EXPECT_EQ(subsets[1].size(), 20u);
+  EXPECT_EQ(subsets[3].size(), 12u);
 }
 
 TEST(CoreSharingTest, ASubClusterHasItsWorkersLinksAndLevels) {
