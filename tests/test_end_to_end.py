@@ -250,6 +250,49 @@ class ConcurrentJobsTest(unittest.TestCase):
             c.close()
 
 
+class SharedCoresTest(unittest.TestCase):
+    """Two daemons pinned to one core (as two containers on one CPU would
+    be) say so when they register, and a job on them is planned knowing
+    it: each profiled at half its speed alone, all of them busy weighed
+    against one."""
+
+    def test_daemons_on_one_core_report_it_and_are_planned_as_one_core(self):
+        c = Cluster(workers=0)
+        try:
+            cpu = min(os.sched_getaffinity(0))
+            for w in ("w-1", "w-2"):
+                c.add_worker(w, prefix=("taskset", "-c", str(cpu)))
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+            listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+            self.assertEqual({(w.info.core_set, w.info.core_set_size) for w in listed.workers},
+                             {(f"{boot}/{cpu}", 1)})
+            job_id = c.submit(spec(steps=60))
+            seen = []
+
+            def ended(m):
+                if m.HasField("event"):
+                    seen.append(m.event.message)
+                return m.job.state in ENDED
+            job = c.watch_until(job_id, ended, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            events = "\n".join(seen)
+            self.assertRegex(events, r"w-[12] shares 1 core\(s\) with 1 of the job's "
+                                     r"workers at 1 thread\(s\) each: its profile is "
+                                     r"scaled to 0\.50")
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+            print("\nshared cores: " + "; ".join(n for n in plan.plan.notes
+                                                   if "share cores" in n), flush=True)
+            self.assertTrue(any("workers share cores" in n and "on 2, " in n and
+                                "on 1 worker(s)" in n for n in plan.plan.notes),
+                            list(plan.plan.notes))
+            for w in plan.cluster.workers:
+                self.assertEqual((w.core_set, w.core_set_size, w.threads),
+                                 (f"{boot}/{cpu}", 1, 1))
+        finally:
+            c.close()
+
+
 class TorchScriptJobTest(unittest.TestCase):
     def test_scripted_sequential_trains_through_the_coordinator(self):
         c = Cluster(workers=2)

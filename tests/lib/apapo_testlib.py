@@ -130,10 +130,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_worker(coordinator_port, worker_id, extra=()):
-    """Starts an apapo-worker daemon and waits until it has registered."""
+def start_worker(coordinator_port, worker_id, extra=(), prefix=()):
+    """Starts an apapo-worker daemon (under `prefix`, e.g. a taskset) and
+    waits until it has registered."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    p = Process([binary("worker", "apapo-worker"),
+    p = Process([*prefix, binary("worker", "apapo-worker"),
                  f"--coordinator=127.0.0.1:{coordinator_port}", f"--id={worker_id}",
                  "--threads=1", *extra], env=env)
     p.wait_for_line(rf"registered as {re.escape(worker_id)}")
