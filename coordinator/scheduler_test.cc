@@ -223,6 +223,17 @@ class SchedulerTest : public ::testing::Test {
     return id;
   }
 
+  // A job on w-1, w-2, both registered on `core_set` of `cores` CPUs, sent
+  // its profiling commands.
+  std::string ProfilingOnCoreSet(const std::string& core_set, int cores) {
+    AddWorker("w-1", "127.0.0.1", core_set, cores);
+    AddWorker("w-2", "127.0.0.1", core_set, cores);
+    std::string id = Submit(2);
+    scheduler_.RunOnce();
+    StartProfiling();
+    return id;
+  }
+
   static SchedulerOptions Options() {
     SchedulerOptions o;
     o.checkpoint_root = "/var/lib/apapo/checkpoints";
@@ -248,11 +259,7 @@ class SchedulerTest : public ::testing::Test {
 // worker's core set as the registry has it (not as its result claims), and
 // the job's events say so.
 TEST_F(SchedulerTest, WorkersSharingACoreAreProfiledAsAlone) {
-  AddWorker("w-1", "127.0.0.1", "boot/0", 1);
-  AddWorker("w-2", "127.0.0.1", "boot/0", 1);
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
+  std::string id = ProfilingOnCoreSet("boot/0", 1);
   Profile("w-1", id, 1.0);
   WorkerMessage claim;
   claim.mutable_profile_result()->set_job_id(id);
@@ -285,11 +292,7 @@ TEST_F(SchedulerTest, WorkersSharingACoreAreProfiledAsAlone) {
 
 // Two one-thread workers on a 2-core set have a core each: as measured.
 TEST_F(SchedulerTest, WorkersWithCoresEnoughAreProfiledAsMeasured) {
-  AddWorker("w-1", "127.0.0.1", "boot/0-1", 2);
-  AddWorker("w-2", "127.0.0.1", "boot/0-1", 2);
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
+  std::string id = ProfilingOnCoreSet("boot/0-1", 2);
   Profile("w-1", id, 1.0);
   Profile("w-2", id, 1.0);
   scheduler_.RunOnce();

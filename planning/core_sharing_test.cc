@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planning/chain_profile_testing.h"
 #include "planning/partitioner_planner.h"
 
 namespace apapo::planning {
@@ -143,25 +144,9 @@ TEST(CoreSharingTest, ASubClusterHasItsWorkersLinksAndLevels) {
   EXPECT_DOUBLE_EQ(all.workers(3).relative_speed(), 1.0);
 }
 
-// A chain of four equal layers, 8 MB of activations between them: a cut
+// A chain of four equal layers, 1 MiB of activations between them: a cut
 // across hosts costs more than it gains.
-apapo::v1::ModelProfile Chain() {
-  apapo::v1::ModelProfile p;
-  p.set_model("chain");
-  p.set_batch_size(128);
-  std::string prev;
-  for (int i = 0; i < 4; ++i) {
-    auto* n = p.add_nodes();
-    n->set_id("fc" + std::to_string(i));
-    if (!prev.empty()) n->add_inputs(prev);
-    n->set_forward_seconds(0.01);
-    n->set_backward_seconds(0.02);
-    n->set_activation_bytes(128 * 2048 * 4);
-    n->set_parameter_bytes(1024LL * 1024 * 4);
-    prev = n->id();
-  }
-  return p;
-}
+apapo::v1::ModelProfile Chain() { return test_profiles::Chain("chain", 0.02, 0); }
 
 TEST(CoreSharingTest, ThePlannerWeighsFewerWorkersAtTheirWholeCores) {
   apapo::v1::JobSpec spec;

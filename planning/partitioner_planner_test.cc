@@ -11,32 +11,12 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "partitioner/synthetic.h"
+#include "planning/chain_profile_testing.h"
 
 namespace apapo::planning {
 namespace {
 
-// A 4-layer chain of 2048-wide layers with small activations; `first_backward`
-// is fc0's backward time (the others take 0.02 s), `split_width` marks the
-// layers splittable.
-apapo::v1::ModelProfile Chain(const std::string& model, double first_backward,
-                              int64_t split_width) {
-  apapo::v1::ModelProfile p;
-  p.set_model(model);
-  p.set_batch_size(128);
-  std::string prev;
-  for (int i = 0; i < 4; ++i) {
-    auto* n = p.add_nodes();
-    n->set_id("fc" + std::to_string(i));
-    if (!prev.empty()) n->add_inputs(prev);
-    n->set_forward_seconds(0.01);
-    n->set_backward_seconds(i == 0 ? first_backward : 0.02);
-    n->set_activation_bytes(128 * 2048 * 4);
-    n->set_parameter_bytes(2048LL * 2048 * 4);
-    n->set_split_width(split_width);
-    prev = n->id();
-  }
-  return p;
-}
+using test_profiles::Chain;
 
 // Two halves that weigh the same: two workers should run it as a 2-stage
 // pipeline.
