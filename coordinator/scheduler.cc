@@ -295,6 +295,7 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.deadline = clock_->Now() + options_.profile_timeout;
   a.profiles.clear();
   a.core_set_members.clear();
+  a.core_set_elsewhere.clear();
   a.plan_ready = false;
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
@@ -343,6 +344,7 @@ std::optional<apapo::v1::WorkerInfo> Scheduler::SetCoreSet(
   res->clear_core_set();
   res->clear_core_set_size();
   res->clear_threads();
+  res->clear_threads_elsewhere();
   std::optional<apapo::v1::WorkerInfo> info = registry_->Info(worker_id);
   if (!info.has_value() || info->core_set().empty()) return std::nullopt;
   res->set_core_set(info->core_set());
@@ -352,15 +354,29 @@ std::optional<apapo::v1::WorkerInfo> Scheduler::SetCoreSet(
   return info;
 }
 
+std::map<std::string, int> Scheduler::ThreadsElsewhere(const ActiveJob& job) {
+  std::map<std::string, int> threads;
+  for (const auto& [id, other] : active_) {
+    if (id == job.id) continue;
+    const int t = std::max(1, other.spec.resources().threads_per_worker());
+    for (const std::string& w : other.workers) {
+      std::optional<apapo::v1::WorkerInfo> info = registry_->Info(w);
+      if (info.has_value() && !info->core_set().empty()) threads[info->core_set()] += t;
+    }
+  }
+  return threads;
+}
+
 void Scheduler::NoteSharedCores(ActiveJob& a, const std::string& worker_id,
                                 apapo::v1::ProfileResult* result) {
   std::optional<apapo::v1::WorkerInfo> info =
       SetCoreSet(a, worker_id, result->mutable_resources());
   if (!info.has_value()) return;
   const int threads = result->resources().threads();
-  // The job's workers on the same cores profiled (or trained) beside it:
-  // its times are scaled to what it computes alone. Counted once per round
-  // (one registry lookup a worker, not one per worker and result).
+  // The job's workers on the same cores profiled beside it, and other
+  // jobs' trained there: its times are scaled to what it computes alone.
+  // Counted once per round (one registry lookup a worker, not one per
+  // worker and result).
   if (a.core_set_members.empty()) {
     for (const std::string& w : a.workers) {
       std::optional<apapo::v1::WorkerInfo> other = registry_->Info(w);
@@ -368,17 +384,23 @@ void Scheduler::NoteSharedCores(ActiveJob& a, const std::string& worker_id,
         ++a.core_set_members[other->core_set()];
       }
     }
+    a.core_set_elsewhere = ThreadsElsewhere(a);
   }
   const int beside = a.core_set_members[info->core_set()];
-  const double share =
-      planning::ShareOfCores(info->core_set_size(), threads, std::max(1, beside));
+  const int elsewhere = a.core_set_elsewhere[info->core_set()];
+  const double share = planning::ShareOfCores(info->core_set_size(), threads,
+                                              std::max(1, beside), elsewhere);
   if (share >= 1) return;
   planning::ProfiledAlone(share, result->mutable_profile());
   jobs_->RecordEvent(a.id, absl::StrFormat(
                                "%s shares %d core(s) with %d of the job's workers "
-                               "at %d thread(s) each: its profile is scaled to %.2f "
-                               "of the times measured",
+                               "at %d thread(s) each%s: its profile is scaled to "
+                               "%.2f of the times measured",
                                worker_id, info->core_set_size(), beside - 1, threads,
+                               elsewhere > 0
+                                   ? absl::StrFormat(" and %d thread(s) of other jobs",
+                                                     elsewhere)
+                                   : std::string(),
                                share))
       .IgnoreError();
 }
@@ -427,12 +449,15 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
   }
   const planning::NetworkLevels levels =
       planning::InferNetworkLevels(a.workers, links);
+  // Other jobs' threads on the workers' cores now (not when profiled).
+  std::map<std::string, int> elsewhere = ThreadsElsewhere(a);
   for (int index : levels.order) {
     const std::string& w = a.workers[index];
     const apapo::v1::ProfileResult& r = a.profiles[w];
     apapo::v1::WorkerResources* res = cluster.add_workers();
     *res = r.resources();
     res->set_worker_id(w);
+    if (!res->core_set().empty()) res->set_threads_elsewhere(elsewhere[res->core_set()]);
     double mine = TotalCompute(r.profile());
     if (res->relative_speed() <= 0) {
       res->set_relative_speed(mine > 0 && reference > 0 ? reference / mine : 1.0);

@@ -195,9 +195,11 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::ProfileCommand profile;
     int64_t profile_host_command = -1;  // rank 0's ProfileCommand id
     std::map<std::string, apapo::v1::ProfileResult> profiles;
-    // How many of the job's workers each core set holds, counted once per
-    // profiling round (NoteSharedCores; empty until then).
+    // How many of the job's workers each core set holds, and the threads
+    // other jobs' workers train with on it, counted once per profiling
+    // round (NoteSharedCores; empty until then).
     std::map<std::string, int> core_set_members;
+    std::map<std::string, int> core_set_elsewhere;
     bool plan_ready = false;  // all profiles in; the thread plans
     // Non-zero while the planner computes this job's plan: the attempt the
     // result must match to be applied (PlanRequest::attempt).
@@ -281,6 +283,10 @@ class Scheduler : public WorkerMessageListener {
   std::optional<apapo::v1::WorkerInfo> SetCoreSet(
       const ActiveJob& job, const std::string& worker_id,
       apapo::v1::WorkerResources* res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per core set, the compute threads of the workers that jobs other than
+  // `job` hold (each its spec's threads_per_worker, else 1).
+  std::map<std::string, int> ThreadsElsewhere(const ActiveJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a profile result's core set from the registry and, when the
   // job's workers on those cores hold more threads than cores, scales its
   // profile to what the worker computes alone (planning/core_sharing.h).

@@ -177,10 +177,12 @@ class SchedulerTest : public ::testing::Test {
     scheduler_.OnWorkerMessage(worker, m);
   }
 
-  // Drives a job on w-1, w-2 to RUNNING.
-  std::string StartRunningJob(absl::Duration max_duration = absl::ZeroDuration()) {
-    AddWorker("w-1");
-    AddWorker("w-2");
+  // Drives a job on w-1, w-2 (registered on `core_set` of `cores` CPUs) to
+  // RUNNING.
+  std::string StartRunningJob(absl::Duration max_duration = absl::ZeroDuration(),
+                              const std::string& core_set = "", int cores = 0) {
+    AddWorker("w-1", "127.0.0.1", core_set, cores);
+    AddWorker("w-2", "127.0.0.1", core_set, cores);
     std::string id = Submit(2, max_duration);
     scheduler_.RunOnce();
     EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
@@ -288,6 +290,37 @@ TEST_F(SchedulerTest, WorkersSharingACoreAreProfiledAsAlone) {
   }
   EXPECT_THAT(events, HasSubstr("w-1 shares 1 core(s) with 1 of the job's workers"));
   EXPECT_THAT(events, HasSubstr("scaled to 0.50"));
+}
+
+// A job on w-3, w-4 profiles on the 2 cores where another job trains on
+// w-1, w-2: each had half a core, and the planner is told of the others'
+// threads.
+TEST_F(SchedulerTest, OtherJobsOnTheSameCoresCount) {
+  StartRunningJob(absl::ZeroDuration(), "boot/0-1", 2);
+  AddWorker("w-3", "127.0.0.1", "boot/0-1", 2);
+  AddWorker("w-4", "127.0.0.1", "boot/0-1", 2);
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  CoordinatorMessage p0 = Next("w-3");
+  ASSERT_TRUE(p0.has_profile());
+  Ack("w-3", p0.command_id(), 6001);
+  ASSERT_TRUE(Next("w-4").has_profile());
+  Profile("w-3", id, 1.0);
+  Profile("w-4", id, 1.0);
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_EQ(planner_.seen_cluster.workers(0).worker_id(), "w-3");
+  EXPECT_DOUBLE_EQ(planner_.seen_profile.nodes(0).forward_seconds(), 0.5);
+  for (const auto& w : planner_.seen_cluster.workers()) {
+    EXPECT_EQ(w.threads_elsewhere(), 2) << w.worker_id();
+  }
+  const auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
+  ASSERT_TRUE(change.ok());
+  std::string events;
+  for (const auto& e : change->events) events += e.message() + "\n";
+  EXPECT_THAT(events, HasSubstr("w-3 shares 2 core(s) with 1 of the job's workers at 1 "
+                                "thread(s) each and 2 thread(s) of other jobs: its "
+                                "profile is scaled to 0.50"));
 }
 
 // Two one-thread workers on a 2-core set have a core each: as measured.

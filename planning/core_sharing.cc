@@ -1,6 +1,7 @@
 #include "planning/core_sharing.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <set>
@@ -10,10 +11,11 @@
 
 namespace apapo::planning {
 
-double ShareOfCores(int cores, int threads, int busy) {
+double ShareOfCores(int cores, int threads, int busy, int elsewhere) {
   if (cores <= 0 || threads <= 0 || busy <= 0) return 1.0;
   return std::min(1.0, static_cast<double>(cores) /
-                           (static_cast<double>(threads) * busy));
+                           (static_cast<double>(threads) * busy +
+                            std::max(0, elsewhere)));
 }
 
 void ProfiledAlone(double share, apapo::v1::ModelProfile* profile) {
@@ -45,7 +47,7 @@ std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
     double speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
     if (Shares(w)) {
       speed *= ShareOfCores(w.core_set_size(), std::max(1, w.threads()),
-                            std::max(1, busy_in[w.core_set()]));
+                            std::max(1, busy_in[w.core_set()]), w.threads_elsewhere());
     }
     speeds.push_back(speed);
   }
@@ -65,7 +67,8 @@ std::vector<std::vector<int>> CoreSharingSubsets(
     position[i] = m.size();
     m.push_back(i);
     oversubscribed |= static_cast<int64_t>(std::max(1, w.threads())) *
-                          static_cast<int64_t>(m.size()) > w.core_set_size();
+                              static_cast<int64_t>(m.size()) +
+                          std::max(0, w.threads_elsewhere()) > w.core_set_size();
   }
   std::vector<std::vector<int>> subsets;
   if (!oversubscribed) return subsets;
@@ -76,7 +79,8 @@ std::vector<std::vector<int>> CoreSharingSubsets(
   for (const auto& [set, m] : members) {
     largest = std::max(largest, m.size());
     const auto& w = cluster.workers(m.front());
-    ks.insert(std::max<size_t>(1, w.core_set_size() / std::max(1, w.threads())));
+    const int left = w.core_set_size() - std::max(0, w.threads_elsewhere());
+    ks.insert(std::max<size_t>(1, std::max(0, left) / std::max(1, w.threads())));
   }
   ks.insert(largest);
   std::set<std::vector<int>> seen;

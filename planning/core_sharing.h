@@ -26,8 +26,10 @@
 
 namespace apapo::planning {
 
-// min(1, cores / (threads x busy)); 1 when any of them is not positive.
-double ShareOfCores(int cores, int threads, int busy);
+// min(1, cores / (threads x busy + elsewhere)), `elsewhere` the threads
+// other jobs train with on the same cores; 1 when cores, threads or busy is
+// not positive.
+double ShareOfCores(int cores, int threads, int busy, int elsewhere = 0);
 
 // `profile` as its worker computes it alone, from times measured at
 // `share` of its cores: every node's forward and backward and the update
@@ -36,7 +38,8 @@ void ProfiledAlone(double share, apapo::v1::ModelProfile* profile);
 
 // Each worker's relative_speed (1 where unset) times its core set's share
 // when the workers marked `busy` (by index into cluster.workers) train at
-// once. A worker without a core set keeps its speed.
+// once beside its threads_elsewhere. A worker without a core set keeps its
+// speed.
 std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
                                     const std::vector<bool>& busy);
 
@@ -44,10 +47,10 @@ std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
 inline constexpr size_t kMaxCoreSharingSubsets = 4;
 
 // The worker subsets a planner should weigh: empty when no core set holds
-// more threads than cores with all its workers busy (plan on all of them,
-// as they are); otherwise, for k in descending order among: the largest
-// set's size (every worker), each set's cores / threads (as many as its
-// cores run at full speed) and 1, every worker without a set and the
+// more threads than cores with all its workers busy (theirs and other
+// jobs': plan on all of them, as they are); otherwise, for k in descending
+// order among: the largest set's size (every worker), each set's cores
+// left by other jobs / threads (as many as run at full speed) and 1, every worker without a set and the
 // first k of each set (in cluster order, which keeps network groups
 // together). Indices ascending, each subset once, at most
 // kMaxCoreSharingSubsets.

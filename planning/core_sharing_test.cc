@@ -22,6 +22,9 @@ TEST(CoreSharingTest, AShareIsTheCoresOverTheBusyThreads) {
   EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 2), 1.0);
   EXPECT_DOUBLE_EQ(ShareOfCores(8, 4, 4), 0.5);
   EXPECT_DOUBLE_EQ(ShareOfCores(0, 1, 4), 1.0);  // unknown
+  // Another job trains 2 threads on the same 2 cores.
+  EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 2, 2), 0.5);
+  EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 1, 2), 2.0 / 3);
 }
 
 TEST(CoreSharingTest, AProfileAloneIsTheMeasuredTimesAtTheShare) {
@@ -84,6 +87,11 @@ TEST(CoreSharingTest, SpeedsFollowTheBusyWorkersOfEachCoreSet) {
   unknown.mutable_workers(0)->clear_core_set();
   unknown.mutable_workers(0)->clear_core_set_size();
   EXPECT_THAT(SpeedsUnderLoad(unknown, {true, true, true, true}), ElementsAre(2, 1, 1, 2));
+  // Another job's thread on core 0 halves w-1 even alone there.
+  apapo::v1::ClusterSpec crowded = c;
+  crowded.mutable_workers(0)->set_threads_elsewhere(1);
+  crowded.mutable_workers(3)->set_threads_elsewhere(1);
+  EXPECT_THAT(SpeedsUnderLoad(crowded, {true, true, false, false}), ElementsAre(1, 2, 2, 1));
 }
 
 TEST(CoreSharingTest, SubsetsAreFewerWorkersPerCoreSetWhenTheCoresAreShort) {
@@ -93,6 +101,10 @@ TEST(CoreSharingTest, SubsetsAreFewerWorkersPerCoreSetWhenTheCoresAreShort) {
   // Two cores per set hold both one-thread workers: nothing to weigh.
   for (auto& w : *c.mutable_workers()) w.set_core_set_size(2);
   EXPECT_TRUE(CoreSharingSubsets(c).empty());
+  // Not when another job trains on them too.
+  for (auto& w : *c.mutable_workers()) w.set_threads_elsewhere(1);
+  EXPECT_THAT(CoreSharingSubsets(c), ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(0, 1)));
+  for (auto& w : *c.mutable_workers()) w.clear_threads_elsewhere();
   // With two threads each they do not.
   for (auto& w : *c.mutable_workers()) w.set_threads(2);
   EXPECT_EQ(CoreSharingSubsets(c).size(), 2u);
