@@ -48,7 +48,8 @@ sources() {
     profile_parser) echo partitioner/pipedream_format_fuzz.cc partitioner/pipedream_format.cc partitioner/graph.cc ;;
     spec) echo fuzz/spec_fuzz.cc coordinator/spec_validator.cc common/spec_paths.cc \
         worker/model_graph.cc worker/layer_kinds.cc PB ;;
-    planner) echo fuzz/planner_fuzz.cc planning/partitioner_planner.cc planning/network_levels.cc \
+    planner) echo fuzz/planner_fuzz.cc planning/partitioner_planner.cc planning/core_sharing.cc \
+        planning/network_levels.cc \
         partitioner/graph.cc partitioner/cluster.cc partitioner/optimizer.cc partitioner/plan_proto.cc \
         partitioner/simulator.cc partitioner/pipedream_format.cc planning/stage_plan.cc \
         schedule/schedule.cc PB ;;
