@@ -72,6 +72,20 @@ absl::Status Graph::Validate(int* error_line) const {
                        "nodes' backward seconds (",
                        backward, ") it is part of, got ", update_seconds_));
   }
+  for (size_t i = 0; i < micro_batch_costs_.size(); ++i) {
+    const auto& [rows, scale] = micro_batch_costs_[i];
+    if (!std::isfinite(rows) || rows < 1 ||
+        (i > 0 && rows <= micro_batch_costs_[i - 1].first)) {
+      return fail(0, absl::StrCat("micro_batch_costs[", i,
+                                  "].rows must be >= 1 and ascending, got ", rows));
+    }
+    if (!std::isfinite(scale) || scale < kMinMicroBatchScale ||
+        scale > kMaxMicroBatchScale) {
+      return fail(0, absl::StrCat("micro_batch_costs[", i, "].scale must be in [",
+                                  kMinMicroBatchScale, ", ", kMaxMicroBatchScale,
+                                  "], got ", scale));
+    }
+  }
   absl::flat_hash_set<std::pair<int, int>> edge_set;
   for (const Edge& e : edges_) {
     if (e.from == e.to) {
@@ -134,6 +148,18 @@ absl::StatusOr<std::vector<int>> Graph::TopologicalOrder() const {
     return absl::InvalidArgumentError("graph has a cycle");
   }
   return order;
+}
+
+double Graph::MicroBatchScale(double rows) const {
+  const auto& c = micro_batch_costs_;
+  if (c.empty() || !(rows > 0)) return 1.0;
+  if (rows <= c.front().first) return c.front().second;
+  if (rows >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < rows) ++i;
+  const double x0 = std::log2(c[i - 1].first), x1 = std::log2(c[i].first);
+  const double t = (std::log2(rows) - x0) / (x1 - x0);
+  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
 }
 
 double Graph::TotalComputeSeconds() const {

@@ -12,6 +12,7 @@
 #define APAPO_PARTITIONER_GRAPH_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -75,6 +76,22 @@ class Graph {
   double update_seconds() const { return update_seconds_; }
   void set_update_seconds(double seconds) { update_seconds_ = seconds; }
 
+  // Compute per sample at `rows` rows per micro-batch as a multiple of the
+  // nodes' figures (ModelProfile.micro_batch_costs): (rows, scale) pairs,
+  // rows ascending. MicroBatchScale interpolates in log2(rows) and holds
+  // the end values beyond them; 1 without any. Validate() checks rows >= 1
+  // ascending and each scale finite in [kMinMicroBatchScale,
+  // kMaxMicroBatchScale].
+  static constexpr double kMinMicroBatchScale = 0.25;
+  static constexpr double kMaxMicroBatchScale = 8;
+  const std::vector<std::pair<double, double>>& micro_batch_costs() const {
+    return micro_batch_costs_;
+  }
+  void set_micro_batch_costs(std::vector<std::pair<double, double>> costs) {
+    micro_batch_costs_ = std::move(costs);
+  }
+  double MicroBatchScale(double rows) const;
+
   double TotalComputeSeconds() const;
   double TotalParameterBytes() const;
 
@@ -85,6 +102,7 @@ class Graph {
   std::vector<std::vector<int>> pred_;
   absl::flat_hash_map<std::string, int> index_;  // first node with each id
   double update_seconds_ = 0;
+  std::vector<std::pair<double, double>> micro_batch_costs_;
 };
 
 }  // namespace partitioner

@@ -1235,6 +1235,19 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   for (int v : *topo) plan->stages[stage_of[v]].nodes.push_back(v);
   const double rho = options.activation_compression_ratio;
   const bool pipedream = options.cost_model == CostModel::kPipeDream;
+  // Micro-batches of batch / m rows compute each row at their measured
+  // cost (Graph::MicroBatchScale; the update excluded: it runs once per
+  // mini-batch). The DP's value does not include it: the stage times below
+  // decide then.
+  const double rows = options.batch_size / std::max(1, plan->micro_batches);
+  const double row_scale = pipedream ? 1.0 : graph.MicroBatchScale(rows);
+  const bool rescaled = row_scale != 1.0;
+  if (std::abs(row_scale - 1.0) >= 0.005) {
+    plan->notes.push_back(absl::StrFormat(
+        "micro-batches of %.4g rows compute at %.2fx the per-row cost of the "
+        "size profiled, as measured while profiling",
+        rows, row_scale));
+  }
   double bottleneck = 0;
   double busy_sum = 0;
   plan->num_workers = 0;
@@ -1247,15 +1260,19 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     double slowest = kInf;
     for (int worker : f.workers) slowest = std::min(slowest, cluster.speed(worker));
     const int r = stage.replicas;
-    const double compute = st.compute[f.j] - st.compute[f.k];
+    double compute = st.compute[f.j] - st.compute[f.k];
     stage.parameter_bytes = st.params[f.j] - st.params[f.k];
     stage.activation_bytes = st.acts[f.j] - st.acts[f.k];
-    stage.compute_seconds = compute / (r * slowest);
     if (!pipedream && st.params[st.full] > 0) {
       stage.update_seconds =
           graph.update_seconds() * stage.parameter_bytes / st.params[st.full];
-      stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
     }
+    if (rescaled) {
+      compute = row_scale * std::max(0.0, compute - stage.update_seconds) +
+                stage.update_seconds;
+    }
+    stage.compute_seconds = compute / (r * slowest);
+    stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
     const double ar_bw =
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
     stage.allreduce_seconds =
@@ -1293,7 +1310,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
       stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
     }
+    stage.forward_seconds *= row_scale;
     stage.backward_seconds =
+        row_scale *
         std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro);
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
@@ -1345,7 +1364,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   if (options.schedule == schedule::ScheduleKind::kAsync &&
       options.cost_model == CostModel::kApapo) {
     CoverTransferRoundTrips(
-        cluster.heterogeneous() || dp_value <= 0 ? bottleneck : dp_value,
+        cluster.heterogeneous() || dp_value <= 0 || rescaled ? bottleneck : dp_value,
         plan->micro_batches, options.deepen_for_links, &sched, plan);
   }
   for (int s = 0; s < p; ++s) {
@@ -1374,7 +1393,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   }
   // The DP's value is the cost model's prediction on a homogeneous cluster;
   // with heterogeneous workers the matched stage times decide.
-  if (cluster.heterogeneous() || dp_value <= 0) {
+  if (cluster.heterogeneous() || dp_value <= 0 || rescaled) {
     plan->bottleneck_seconds = bottleneck;
   }
   if (options.schedule == schedule::ScheduleKind::kAsync &&

@@ -5,6 +5,8 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -135,6 +137,11 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());
+  std::vector<std::pair<double, double>> costs;
+  for (const apapo::v1::MicroBatchCost& c : profile.micro_batch_costs()) {
+    costs.emplace_back(static_cast<double>(c.rows()), c.scale());
+  }
+  graph.set_micro_batch_costs(std::move(costs));
   for (const apapo::v1::NodeProfile& n : profile.nodes()) {
     const int to = graph.FindNode(n.id());
     for (const std::string& input : n.inputs()) {

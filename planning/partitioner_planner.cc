@@ -267,6 +267,48 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
     }
     return plan.status();
   }
+  // Auto: the async schedule, unless 1F1B with flushes is predicted
+  // kMinSyncGain faster. That happens where a slow link, not compute,
+  // binds: a flush's micro-batches keep the link busy where the async
+  // schedule's in-flight depth does not hide it (bench/cluster, the
+  // transformer_lm at 100 Mbit/s: 1.34-1.44x). It trains without
+  // staleness, so a gain is all it needs; the margin covers the flush
+  // model's errors (+8% and +7% at 100 Mbit/s). The flush's micro-batches
+  // are charged their measured per-row cost (ModelProfile.
+  // micro_batch_costs): at one cost for every size the mlp's was
+  // predicted 1.37x the async plan and ran 0.78-0.82x of it.
+  constexpr double kMinSyncGain = 1.10;
+  const pt::PlannerOptions asked = options;  // for the alternatives
+  std::string schedule_note;
+  if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED &&
+      options.schedule == apapo::schedule::ScheduleKind::kAsync &&
+      cluster->num_workers() > 1) {
+    pt::PlannerOptions flush = options;
+    flush.schedule = apapo::schedule::ScheduleKind::k1F1BFlush;
+    flush.deepen_for_links = false;
+    absl::StatusOr<pt::Plan> flush_plan = PlanWith(*graph, *cluster, flush);
+    const double async_rate = plan->samples_per_second;
+    if (flush_plan.ok() && flush_plan->stages.size() > 1 &&
+        flush_plan->samples_per_second > kMinSyncGain * async_rate) {
+      schedule_note = absl::StrFormat(
+          "schedule auto: 1F1B with flushes, %d micro-batches (synchronous, no "
+          "stale weights): predicted %.0f samples/s against %.0f for async "
+          "1F1B with weight stashing (%.2fx; %.2fx needed)",
+          flush_plan->micro_batches, flush_plan->samples_per_second, async_rate,
+          flush_plan->samples_per_second / async_rate, kMinSyncGain);
+      options = flush;
+      plan = std::move(flush_plan);
+    } else if (flush_plan.ok() && flush_plan->stages.size() > 1) {
+      schedule_note = absl::StrFormat(
+          "schedule auto: async 1F1B with weight stashing, predicted %.0f "
+          "samples/s; 1F1B with flushes %.0f (%.2fx needed to choose it)",
+          async_rate, flush_plan->samples_per_second, kMinSyncGain);
+    }
+  }
+  if (schedule_note.empty() &&
+      spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
+    schedule_note = "schedule auto: async 1F1B with weight stashing";
+  }
 
   // Wide Linear layers split column-wise give the DP finer cut points: an
   // mlp whose whole-layer cuts leave 38% | 62% of the work balances to
@@ -383,9 +425,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
         "activations and gradients cross the cuts in bfloat16: the links "
         "are charged half the profile's bytes");
   }
-  if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED) {
-    out.add_notes("schedule auto: async 1F1B with weight stashing");
-  }
+  if (!schedule_note.empty()) out.add_notes(schedule_note);
   PredictCheckpoints(spec, *plan, *cluster, cluster_spec, &out);
   // Predicted throughput of the alternatives on the same cluster.
   for (auto [name, kind] :
@@ -394,7 +434,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
         {"gpipe", apapo::schedule::ScheduleKind::kGPipe},
         {"1f1b_flush", apapo::schedule::ScheduleKind::k1F1BFlush},
         {"dp", apapo::schedule::ScheduleKind::kDataParallel}}) {
-    pt::PlannerOptions alt = options;
+    pt::PlannerOptions alt = asked;
     alt.schedule = kind;
     alt.micro_batches = 0;  // each schedule's own default
     absl::StatusOr<pt::Plan> p = PlanWith(*graph, *cluster, alt);

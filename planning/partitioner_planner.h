@@ -7,7 +7,11 @@
 //
 // Schedule choice: an explicit ScheduleSpec.kind is used as is; "auto"
 // (UNSPECIFIED) plans with the async schedule, whose DP also considers
-// replicating stages (one stage replicated everywhere is data parallelism).
+// replicating stages (one stage replicated everywhere is data parallelism),
+// and takes 1F1B with flushes instead where that is predicted at least
+// 1.1x faster (a slow link binds; a note gives both predictions). Every
+// schedule's micro-batches are charged the per-row cost the profile
+// measured at their size (ModelProfile.micro_batch_costs).
 //
 // Shared cores: when workers report core sets that hold fewer cores than
 // their threads with all of them busy (core_sharing.h), the plan is the

@@ -5,13 +5,16 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "partitioner/synthetic.h"
 #include "planning/chain_profile_testing.h"
+#include "planning/stage_plan.h"
 
 namespace apapo::planning {
 namespace {
@@ -519,6 +522,121 @@ TEST(PartitionerPlannerTest, ExceedingTheBudgetIsResourceExhaustedNamingIt) {
       << plan.status();
   EXPECT_THAT(std::string(plan.status().message()),
               testing::HasSubstr("max_dp_steps 1000"));
+}
+
+
+// `profile` with micro-batches of `rows` costing `scale` per row against
+// its own batch's (ModelProfile.micro_batch_costs).
+apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t rows,
+                                    double scale) {
+  auto* c = profile.add_micro_batch_costs();
+  c->set_rows(rows);
+  c->set_scale(scale);
+  c = profile.add_micro_batch_costs();
+  c->set_rows(profile.batch_size());
+  c->set_scale(1.0);
+  return profile;
+}
+
+// Auto runs 1F1B with flushes where a slow link binds and its 8
+// micro-batches keep the link busy, predicted >= 1.1x the async plan; the
+// async schedule everywhere else, and where the flush's 16-row
+// micro-batches compute too slowly per row to gain that much.
+TEST(PartitionerPlannerTest, AutoFlushesOnlyWherePredictedTenPercentFaster) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  const auto note = [](const apapo::v1::Plan& plan) {
+    for (const std::string& n : plan.notes()) {
+      if (absl::StartsWith(n, "schedule auto")) return n;
+    }
+    return std::string("(none)");
+  };
+
+  // 10 MB/s: 1 MiB each way per mini-batch against 60 ms of compute a
+  // stage.
+  auto slow = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->schedule(), apapo::v1::SCHEDULE_KIND_1F1B_FLUSH) << note(*slow);
+  EXPECT_EQ(slow->stages_size(), 2);
+  EXPECT_EQ(slow->micro_batches(), 8);
+  const double async_rate =
+      slow->prediction().alternatives_samples_per_second().at("async");
+  EXPECT_GT(slow->prediction().samples_per_second(), 1.1 * async_rate);
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("1F1B with flushes, 8 micro-batches"));
+  // Its placement runs as a schedule the workers accept.
+  absl::StatusOr<StagePlan> runnable = StagePlanFor(spec, *slow);
+  ASSERT_TRUE(runnable.ok()) << runnable.status();
+  EXPECT_EQ(runnable->schedule.kind, apapo::schedule::ScheduleKind::k1F1BFlush);
+
+  // 30 MB/s: the flush gains 1.25x at one cost per row; with 16-row
+  // micro-batches at 1.3x the per-row cost it would lose, and auto stays
+  // async.
+  auto fast = planner.MakePlan(spec, ChainProfile(), TwoWorkers(3e7));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->schedule(), apapo::v1::SCHEDULE_KIND_1F1B_FLUSH) << note(*fast);
+  auto costly = planner.MakePlan(spec, WithRowCost(ChainProfile(), 16, 1.3), TwoWorkers(3e7));
+  ASSERT_TRUE(costly.ok()) << costly.status();
+  EXPECT_EQ(costly->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*costly);
+  EXPECT_THAT(note(*costly), ::testing::HasSubstr("1.10x needed to choose it"));
+  EXPECT_LT(costly->prediction().alternatives_samples_per_second().at("1f1b_flush"),
+            costly->prediction().samples_per_second());
+
+  // 1 GB/s: compute binds, and the async schedule has no flush bubble.
+  auto lan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  ASSERT_TRUE(lan.ok()) << lan.status();
+  EXPECT_EQ(lan->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*lan);
+
+  // A schedule asked for is kept, however slow the link.
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  auto asked = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC);
+}
+
+// Data parallelism on two workers runs micro-batches of half the batch:
+// their compute, not the update, is charged the measured per-row cost. A
+// cost of ~1 predicts what no cost does (the DP's value and the stage
+// times agree).
+TEST(PartitionerPlannerTest, ReplicasComputeHalfBatchesAtTheirMeasuredCost) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec = Spec();
+  spec.mutable_schedule()->clear_micro_batches();
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  apapo::v1::ModelProfile profile = ChainProfile();
+  profile.set_update_seconds(0.02);  // of the 0.08 s of backward
+  auto plain = planner.MakePlan(spec, profile, TwoWorkers(1e9));
+  auto same = planner.MakePlan(spec, WithRowCost(profile, 64, 1.0001), TwoWorkers(1e9));
+  auto dearer = planner.MakePlan(spec, WithRowCost(profile, 64, 1.25), TwoWorkers(1e9));
+  ASSERT_TRUE(plain.ok() && same.ok() && dearer.ok());
+  ASSERT_EQ(plain->micro_batches(), 2);
+  ASSERT_EQ(plain->stages(0).replicas(), 2);
+  EXPECT_NEAR(same->prediction().samples_per_second(),
+              plain->prediction().samples_per_second(),
+              1e-3 * plain->prediction().samples_per_second());
+  // 0.12 s of forward and backward less the update, a replica half of it;
+  // each replica's update whole.
+  const double plain_compute = plain->stages(0).compute_seconds();
+  EXPECT_NEAR(dearer->stages(0).compute_seconds() - plain_compute,
+              0.25 * (0.12 - 0.02) / 2, 1e-9);
+  EXPECT_LT(dearer->prediction().samples_per_second(),
+            plain->prediction().samples_per_second());
+  EXPECT_THAT(dearer->notes(), ::testing::Contains(::testing::HasSubstr(
+                                   "micro-batches of 64 rows compute at 1.25x")));
+}
+
+// A hostile or broken profile's costs fail the plan naming the field.
+TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
+  PartitionerPlanner planner;
+  for (auto [rows, scale] : std::vector<std::pair<int64_t, double>>{
+           {16, 1e9}, {16, -1}, {16, std::numeric_limits<double>::quiet_NaN()},
+           {0, 1.0}, {256, 1.0}}) {
+    auto plan = planner.MakePlan(Spec(), WithRowCost(ChainProfile(), rows, scale),
+                                 TwoWorkers(1e9));
+    ASSERT_FALSE(plan.ok()) << rows << " " << scale;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(plan.status().message(), ::testing::HasSubstr("micro_batch_costs["));
+  }
 }
 
 }  // namespace

@@ -81,6 +81,10 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   // The profile's figures are per mini-batch (profile.proto); the
   // simulator's ops are micro-batches: 1/m of one each.
   const double per_micro = 1.0 / p.micro_batches;
+  // Each row at its micro-batch size's cost, as the planner charges it
+  // (ModelProfile.micro_batch_costs).
+  const double row_scale = graph->MicroBatchScale(
+      static_cast<double>(profile.batch_size()) * per_micro);
   double total_params = 0;
   for (const pt::Node& n : graph->nodes()) total_params += n.parameter_bytes;
   for (int s = 0; s < plan.stages_size(); ++s) {
@@ -112,6 +116,8 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
       st.backward_seconds =
           std::max(0.0, st.backward_seconds - st.update_seconds * per_micro);
     }
+    st.forward_seconds *= row_scale;
+    st.backward_seconds *= row_scale;
     st.output_bandwidth = bandwidth;
     st.allreduce_bandwidth = bandwidth;
     st.in_flight_depth = stage.in_flight_depth();

@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -22,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/random/random.h"
 #include "worker/checkpoint_store.h"
 #include "worker/daemon/transfer_cpu_probe.h"
@@ -40,6 +42,12 @@ constexpr int kDefaultIterations = 3;
 // Without micro_batches in the spec the planner picks them per schedule (1
 // for an async pipeline): profile whole mini-batches then.
 constexpr int kDefaultMicroBatches = 1;
+// Micro-batch sizes timed for ModelProfile.micro_batch_costs: halves of
+// the mini-batch, at most this many (down to 1/16 of it: a 1F1B flush of 4
+// stages runs 16 micro-batches), none below 2 rows (a batch norm refuses
+// one in training).
+constexpr size_t kMaxCostedSizes = 4;
+constexpr int64_t kMinCostedRows = 2;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -75,6 +83,9 @@ struct NodeTimes {
 struct Calibration {
   double step_seconds = 0;    // forward + backward + update, median
   double update_seconds = 0;  // the optimizer update alone, median
+  // (rows, forward + backward per row at `rows` over that at the
+  // calibration's own rows), median of the passes, ascending rows.
+  std::vector<std::pair<int64_t, double>> row_costs;
   std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
 };
 
@@ -149,12 +160,36 @@ std::optional<apapo::v1::CheckpointMeasurement> MeasureCheckpoint(
   return m;
 }
 
+// Forward and backward of `model` on the first `rows` of (samples,
+// labels), gradients to `params`; seconds. The gradients are dropped.
+absl::StatusOr<double> TimeForwardBackward(StageModel& model,
+                                           const std::vector<at::Tensor>& params,
+                                           const at::Tensor& samples,
+                                           const at::Tensor& labels, int64_t rows) {
+  const Clock::time_point t0 = Clock::now();
+  absl::StatusOr<StageForward> out = model.Forward(
+      {samples.narrow(0, 0, rows), labels.narrow(0, 0, rows)}, params, /*training=*/true);
+  if (!out.ok()) return out.status();
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor& p : params) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  if (out->loss.defined() && out->loss.requires_grad() && !trainable.empty()) {
+    torch::autograd::grad({out->loss}, trainable);
+  }
+  return Seconds(t0, Clock::now());
+}
+
 // Trains the whole model as one stage on (samples, labels): one warm-up
-// step, then `iterations` timed ones.
+// step, then `iterations` timed ones. After each step it also runs the
+// forward and backward alone on the first `smaller` rows (descending), for
+// Calibration::row_costs: in the same pass, so a disturbance slows both
+// sides of a ratio. A size the model refuses (a batch norm's single row)
+// ends the sizes there.
 absl::StatusOr<Calibration> CalibrateWholeStep(
     const AnalyzedGraph& graph, const apapo::v1::JobSpec& spec,
     const at::Tensor& samples, const at::Tensor& labels, int iterations,
-    const ProfileOptions& options) {
+    const std::vector<int64_t>& smaller, const ProfileOptions& options) {
   std::vector<std::string> all;
   for (const NodeInfo& node : graph.nodes()) all.push_back(node.id());
   auto layout = LayoutStages(graph, {all});
@@ -169,6 +204,9 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   auto optimizer = Optimizer::Create(spec.optimizer(), iterations + 1);
   if (!optimizer.ok()) return optimizer.status();
   std::vector<double> steps, updates;
+  std::vector<std::vector<double>> row_ratios(smaller.size());
+  size_t sizes = smaller.size();  // those the model runs
+  const int64_t own_rows = samples.size(0);
   std::vector<at::Tensor> spare;
   for (int pass = 0; pass <= iterations; ++pass) {
     if (options.cancelled && options.cancelled()) {
@@ -203,6 +241,22 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
       steps.push_back(Seconds(t0, t2));
       updates.push_back(Seconds(t1, t2));
     }
+    const double own_per_row = Seconds(t0, t1) / static_cast<double>(own_rows);
+    for (size_t i = 0; i < sizes; ++i) {
+      absl::StatusOr<double> t = absl::InternalError("not run");
+      try {
+        t = TimeForwardBackward(**model, params, samples, labels, smaller[i]);
+      } catch (const std::exception& e) {
+        t = absl::InternalError(e.what());
+      }
+      if (!t.ok()) {
+        sizes = i;
+        break;
+      }
+      if (pass > 0 && own_per_row > 0) {
+        row_ratios[i].push_back(*t / static_cast<double>(smaller[i]) / own_per_row);
+      }
+    }
   }
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -210,6 +264,14 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     return v[v.size() / 2];
   };
   Calibration cal{median(steps), median(updates)};
+  // Bounded as the node factor is: a ratio taken in a disturbed pass must
+  // not distort the plan beyond what micro-batch sizes can differ by.
+  for (size_t i = sizes; i-- > 0;) {
+    if (!row_ratios[i].empty()) {
+      cal.row_costs.emplace_back(smaller[i], std::clamp(median(row_ratios[i]), 0.5, 4.0));
+    }
+  }
+  cal.row_costs.emplace_back(own_rows, 1.0);
   // The trained state, as a stage holds it at a checkpoint.
   StageCheckpoint state;
   state.step = iterations + 1;
@@ -381,8 +443,20 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     node_sum += times[k].forward + times[k].backward;
     total_params += static_cast<double>(times[k].parameter_bytes);
   }
+  // Without micro_batches in the spec the planner weighs schedules whose
+  // micro-batches or replicas split the mini-batch: time the whole model
+  // at halves of it too, down to kMinCostedRows (ModelProfile.
+  // micro_batch_costs). With them, every plan runs this profile's size.
+  std::vector<int64_t> smaller;
+  if (!spec.schedule().has_micro_batches()) {
+    for (int64_t rows = micro / 2; rows >= kMinCostedRows &&
+                                   smaller.size() < kMaxCostedSizes;
+         rows /= 2) {
+      smaller.push_back(rows);
+    }
+  }
   absl::StatusOr<Calibration> cal = CalibrateWholeStep(
-      *graph, spec, samples, labels, iterations, options);
+      *graph, spec, samples, labels, iterations, smaller, options);
   if (!cal.ok()) return cal.status();
   // Bounded: a calibration pass disturbed by another process must not
   // distort the profile beyond what the two methods can differ by.
@@ -398,12 +472,27 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_model(graph->graph().name());
   profile->set_batch_size(batch);
   profile->set_update_seconds(total_params > 0 ? cal->update_seconds : 0);
+  if (cal->row_costs.size() > 1) {
+    for (const auto& [rows, cost] : cal->row_costs) {
+      apapo::v1::MicroBatchCost* c = profile->add_micro_batch_costs();
+      c->set_rows(rows);
+      c->set_scale(cost);
+    }
+  }
+  std::vector<std::string> row_costs;
+  for (const auto& [rows, cost] : cal->row_costs) {
+    if (rows != micro) row_costs.push_back(absl::StrFormat("%.2fx at %d", cost, rows));
+  }
   profile->set_source(absl::StrFormat(
       "measured by apapo-worker: micro-batch of %d x %d, fastest of %d "
       "pass(es), scaled x%.3f to the median whole-model step (%.4g s, of "
-      "which the optimizer update %.4g s)",
+      "which the optimizer update %.4g s)%s",
       micro, batch / micro, iterations, factor, cal->step_seconds,
-      cal->update_seconds));
+      cal->update_seconds,
+      row_costs.empty()
+          ? ""
+          : absl::StrCat("; per row, smaller micro-batches cost ",
+                         absl::StrJoin(row_costs, ", "), " rows")));
   for (int k = 0; k < n; ++k) {
     const NodeInfo& node = nodes[k];
     apapo::v1::NodeProfile* np = profile->add_nodes();

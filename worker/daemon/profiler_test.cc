@@ -170,6 +170,36 @@ TEST(ProfileJobTest, TimesACheckpointIntoAScratchFolderItRemoves) {
   EXPECT_FALSE(result->has_checkpoint());
 }
 
+// Without micro_batches in the spec (auto: the planner weighs schedules
+// that split the mini-batch) the whole model is also timed at halves of
+// it, down to 1/16; with them, every plan runs the profiled size.
+TEST(ProfileJobTest, TimesSmallerMicroBatchesPerRowWhenThePlannerPicksThem) {
+  apapo::v1::ProfileCommand c = MlpCommand(256, 2, 128, 1);
+  c.mutable_spec()->mutable_schedule()->clear_micro_batches();
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const apapo::v1::ModelProfile& p = result->profile();
+  std::vector<int64_t> rows;
+  for (const auto& cost : p.micro_batch_costs()) {
+    rows.push_back(cost.rows());
+    EXPECT_GE(cost.scale(), 0.5) << cost.rows();
+    EXPECT_LE(cost.scale(), 4.0) << cost.rows();
+  }
+  EXPECT_THAT(rows, ::testing::ElementsAre(8, 16, 32, 64, 128));
+  ASSERT_EQ(p.micro_batch_costs_size(), 5);
+  EXPECT_EQ(p.micro_batch_costs(4).scale(), 1.0);
+  // Eight rows through two small layers: the calls' fixed costs make each
+  // row dearer than at 128.
+  EXPECT_GT(p.micro_batch_costs(0).scale(), 1.0);
+  EXPECT_THAT(p.source(), ::testing::HasSubstr("per row, smaller micro-batches cost"));
+  std::printf("%s\n", p.source().c_str());
+
+  apapo::v1::ProfileCommand fixed = MlpCommand(256, 2, 128, 4);
+  auto fixed_result = ProfileJob(fixed);
+  ASSERT_TRUE(fixed_result.ok()) << fixed_result.status();
+  EXPECT_EQ(fixed_result->profile().micro_batch_costs_size(), 0);
+}
+
 TEST(ProfileJobTest, BadSpecIsRefused) {
   apapo::v1::ProfileCommand c = MlpCommand(16, 1, 8, 2);
   c.mutable_spec()->mutable_model()->mutable_builtin()->set_name("nope");
