@@ -84,7 +84,7 @@ struct Calibration {
   double step_seconds = 0;    // forward + backward + update, median
   double update_seconds = 0;  // the optimizer update alone, median
   // (rows, forward + backward per row at `rows` over that at the
-  // calibration's own rows), median of the passes, ascending rows.
+  // calibration's own rows), each at its fastest pass, ascending rows.
   std::vector<std::pair<int64_t, double>> row_costs;
   std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
 };
@@ -183,9 +183,8 @@ absl::StatusOr<double> TimeForwardBackward(StageModel& model,
 // Trains the whole model as one stage on (samples, labels): one warm-up
 // step, then `iterations` timed ones. After each step it also runs the
 // forward and backward alone on the first `smaller` rows (descending), for
-// Calibration::row_costs: in the same pass, so a disturbance slows both
-// sides of a ratio. A size the model refuses (a batch norm's single row)
-// ends the sizes there.
+// Calibration::row_costs, interleaved with the whole steps. A size the
+// model refuses (a batch norm's single row) ends the sizes there.
 absl::StatusOr<Calibration> CalibrateWholeStep(
     const AnalyzedGraph& graph, const apapo::v1::JobSpec& spec,
     const at::Tensor& samples, const at::Tensor& labels, int iterations,
@@ -204,7 +203,8 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   auto optimizer = Optimizer::Create(spec.optimizer(), iterations + 1);
   if (!optimizer.ok()) return optimizer.status();
   std::vector<double> steps, updates;
-  std::vector<std::vector<double>> row_ratios(smaller.size());
+  std::vector<std::vector<double>> row_times(smaller.size());
+  std::vector<double> own_row_times;
   size_t sizes = smaller.size();  // those the model runs
   const int64_t own_rows = samples.size(0);
   std::vector<at::Tensor> spare;
@@ -241,7 +241,7 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
       steps.push_back(Seconds(t0, t2));
       updates.push_back(Seconds(t1, t2));
     }
-    const double own_per_row = Seconds(t0, t1) / static_cast<double>(own_rows);
+    if (pass > 0) own_row_times.push_back(Seconds(t0, t1) / static_cast<double>(own_rows));
     for (size_t i = 0; i < sizes; ++i) {
       absl::StatusOr<double> t = absl::InternalError("not run");
       try {
@@ -253,8 +253,8 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
         sizes = i;
         break;
       }
-      if (pass > 0 && own_per_row > 0) {
-        row_ratios[i].push_back(*t / static_cast<double>(smaller[i]) / own_per_row);
+      if (pass > 0) {
+        row_times[i].push_back(*t / static_cast<double>(smaller[i]));
       }
     }
   }
@@ -264,11 +264,17 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     return v[v.size() / 2];
   };
   Calibration cal{median(steps), median(updates)};
-  // Bounded as the node factor is: a ratio taken in a disturbed pass must
-  // not distort the plan beyond what micro-batch sizes can differ by.
+  // Each size's fastest pass, as the nodes keep theirs (a disturbance only
+  // slows a pass: medians of the per-pass ratios put the mlp's 64 rows at
+  // 0.86x and 1.14x in two profiles a minute apart). Bounded as the node
+  // factor is.
+  const double own = own_row_times.empty()
+                         ? 0
+                         : *std::min_element(own_row_times.begin(), own_row_times.end());
   for (size_t i = sizes; i-- > 0;) {
-    if (!row_ratios[i].empty()) {
-      cal.row_costs.emplace_back(smaller[i], std::clamp(median(row_ratios[i]), 0.5, 4.0));
+    if (!row_times[i].empty() && own > 0) {
+      const double fastest = *std::min_element(row_times[i].begin(), row_times[i].end());
+      cal.row_costs.emplace_back(smaller[i], std::clamp(fastest / own, 0.5, 4.0));
     }
   }
   cal.row_costs.emplace_back(own_rows, 1.0);
