@@ -197,7 +197,11 @@ class Scheduler : public WorkerMessageListener {
     std::map<std::string, apapo::v1::ProfileResult> profiles;
     // How many of the job's workers each core set holds, and the threads
     // other jobs' workers train with on it, counted once per profiling
-    // round (NoteSharedCores; empty until then).
+    // round (NoteSharedCores; empty until then). They describe the load the
+    // round's profiles were measured under, so a re-plan from those
+    // profiles (workers lost while planning, or all of them profiled)
+    // keeps them: StartProfiling, which sends new ProfileCommands, clears
+    // them. The plan's own load is counted afresh (ThreadsElsewhere).
     std::map<std::string, int> core_set_members;
     std::map<std::string, int> core_set_elsewhere;
     bool plan_ready = false;  // all profiles in; the thread plans

@@ -110,8 +110,19 @@ apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
     kept.push_back(i);
     ids.push_back(cluster.workers(i).worker_id());
   }
-  const std::set<std::string> held(ids.begin(), ids.end());
   apapo::v1::ClusterSpec out = cluster;
+  if (static_cast<int>(kept.size()) == cluster.workers_size() && cluster.levels_size() > 0) {
+    // Every worker: the cluster's own order, links and levels (the
+    // coordinator inferred them), each worker at its speed under load.
+    for (int i = 0; i < out.workers_size(); ++i) {
+      apapo::v1::WorkerResources* w = out.mutable_workers(i);
+      w->set_relative_speed(speeds[i]);
+      w->clear_core_set();
+      w->clear_core_set_size();
+    }
+    return out;
+  }
+  const std::set<std::string> held(ids.begin(), ids.end());
   out.clear_workers();
   out.clear_links();
   out.clear_levels();

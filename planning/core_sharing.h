@@ -61,7 +61,8 @@ std::vector<std::vector<int>> CoreSharingSubsets(
 // speed under that load (SpeedsUnderLoad) with its core set cleared (the
 // share is applied), the links among them, the network levels re-inferred
 // from those links (one level at the cluster's innermost bandwidth when
-// none was measured); the rest as in `cluster`.
+// none was measured); the rest as in `cluster`. Every worker of a cluster
+// with levels keeps its order, links and levels.
 apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
                                   const std::vector<int>& subset);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -70,6 +71,55 @@ absl::StatusOr<pt::Plan> PlanWith(const pt::Graph& graph,
     return pt::DataParallelPlan(graph, cluster, options);
   }
   return pt::PlanPipeline(graph, cluster, options);
+}
+
+// The DP's options for `spec` on n workers. Where the spec asks for more
+// stages x replicas than n, fewer, and *fewer_note says so.
+absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, int n,
+                                              pt::PlannerOptions::Budget budget,
+                                              std::string* fewer_note) {
+  pt::PlannerOptions options;
+  options.cost_model = pt::CostModel::kApapo;
+  options.budget = budget;
+  absl::StatusOr<apapo::schedule::ScheduleKind> kind =
+      pt::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
+  if (!kind.ok()) return kind.status();
+  options.schedule = *kind;
+  // Unset: 0, and the DP picks its schedule's default for the replication
+  // it chooses (the same schedule::DefaultMicroBatches StagePlanFor uses).
+  options.micro_batches =
+      spec.schedule().has_micro_batches() ? spec.schedule().micro_batches() : 0;
+  options.batch_size = spec.data().batch_size();
+  options.max_in_flight = MaxInFlight(spec);
+  // Deeper than NOAM only within a staleness the spec asks for: the
+  // default keeps the accuracy of the natural 1F1B bound (bench/cluster:
+  // the mlp at 100 Mbit/s lost 0.9-1.2 point at the depth of 4 that hid
+  // its link).
+  options.deepen_for_links = spec.schedule().has_max_staleness();
+  options.activation_compression_ratio =
+      TransferCompressionRatio(spec.schedule().transfer_precision());
+  if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
+    options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
+  }
+  // A stage count and a replica count asked for are the DP's: the best
+  // plan with exactly that many. The validator keeps stages x replicas
+  // within spec.resources.workers; a re-plan after losing workers may have
+  // fewer, and then the job goes on with fewer replicas, then fewer stages,
+  // rather than failing.
+  options.stages = std::max(0, spec.schedule().stages());
+  options.replicas = std::max(0, spec.schedule().replicas());
+  if (std::max(1, options.stages) * std::max(1, options.replicas) > n) {
+    const int asked_stages = options.stages, asked_replicas = options.replicas;
+    if (options.replicas > 0) {
+      options.replicas = std::max(1, n / std::max(1, options.stages));
+    }
+    options.stages = std::min(options.stages, n);
+    *fewer_note = absl::StrCat("spec.schedule asks for ", asked_stages,
+                               " stage(s) x ", asked_replicas, " replica(s) (0: any); ",
+                               n, " worker(s) are left: planned with ",
+                               options.stages, " x ", options.replicas);
+  }
+  return options;
 }
 
 // Iterations simulated for a checkpoint interval's fill and drain: they do
@@ -168,40 +218,54 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   const std::vector<std::vector<int>> subsets = CoreSharingSubsets(cluster_spec);
   if (subsets.empty()) return PlanOn(spec, profile, cluster_spec);
   // Workers share cores: weigh all of them busy, each at its share, against
-  // fewer per core set at larger shares (core_sharing.h). The first subset
-  // is every worker; a smaller one must predict more than 0.1% above.
-  // One with fewer workers than the spec's stages x replicas is not
-  // weighed (the whole cluster may be, with PlanOn's fewer note).
+  // fewer per core set at larger shares (core_sharing.h), on the DP alone;
+  // the one chosen is then planned in full (layer splits, the schedule
+  // auto weighs, alternatives), once. The first subset is every worker; a
+  // smaller one must predict more than 0.1% above. One with fewer workers
+  // than the spec's stages x replicas is not weighed (the whole cluster
+  // may be, with PlanOn's fewer note).
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("measured profile: ", graph.status().message()));
+  }
   const size_t asked = static_cast<size_t>(std::max(1, spec.schedule().stages())) *
                        static_cast<size_t>(std::max(1, spec.schedule().replicas()));
-  absl::StatusOr<apapo::v1::Plan> best = absl::InternalError("no worker subset");
+  std::optional<apapo::v1::ClusterSpec> best;
+  double best_rate = 0;
   std::vector<std::string> weighed;
   for (const std::vector<int>& subset : subsets) {
     const bool all = static_cast<int>(subset.size()) == cluster_spec.workers_size();
     if (!all && subset.size() < asked) continue;
-    absl::StatusOr<apapo::v1::Plan> plan =
-        PlanOn(spec, profile, SubCluster(cluster_spec, subset));
-    if (!plan.ok()) {
-      if (all) best = plan.status();
-      continue;
-    }
-    const double rate = plan->prediction().samples_per_second();
+    apapo::v1::ClusterSpec sub = SubCluster(cluster_spec, subset);
+    absl::StatusOr<pt::Cluster> cluster = ToCluster(sub);
+    std::string fewer_note;
+    absl::StatusOr<pt::PlannerOptions> options =
+        OptionsFor(spec, static_cast<int>(subset.size()), budget_, &fewer_note);
+    if (!cluster.ok() || !options.ok()) continue;
+    absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, *options);
+    if (!plan.ok()) continue;
+    const double rate = plan->samples_per_second;
     weighed.push_back(absl::StrFormat("%.0f samples/s on %d", rate, subset.size()));
-    if (!best.ok() || rate > 1.001 * best->prediction().samples_per_second()) {
-      best = std::move(plan);
+    if (!best.has_value() || rate > 1.001 * best_rate) {
+      best = std::move(sub);
+      best_rate = rate;
     }
   }
-  if (best.ok() && weighed.size() > 1) {
+  // None planned: the whole cluster, for PlanOn's error.
+  absl::StatusOr<apapo::v1::Plan> plan =
+      PlanOn(spec, profile, best.has_value() ? *best : SubCluster(cluster_spec, subsets[0]));
+  if (plan.ok() && weighed.size() > 1) {
     std::set<std::string> busy;
-    for (const auto& st : best->stages()) {
+    for (const auto& st : plan->stages()) {
       for (const auto& r : st.placement()) busy.insert(r.worker_id());
     }
-    best->add_notes(absl::StrFormat(
+    plan->add_notes(absl::StrFormat(
         "workers share cores (their core sets hold fewer cores than threads "
-        "with all of them busy): predicted %s worker(s); planned on %d",
+        "with all of them busy): the DP predicted %s worker(s); planned on %d",
         absl::StrJoin(weighed, ", "), busy.size()));
   }
-  return best;
+  return plan;
 }
 
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
@@ -215,49 +279,11 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
   absl::StatusOr<pt::Cluster> cluster = ToCluster(cluster_spec);
   if (!cluster.ok()) return cluster.status();
 
-  pt::PlannerOptions options;
-  options.cost_model = pt::CostModel::kApapo;
-  options.budget = budget_;
-  absl::StatusOr<apapo::schedule::ScheduleKind> kind =
-      pt::ScheduleFromProto(spec.schedule().kind(), "spec.schedule.kind");
-  if (!kind.ok()) return kind.status();
-  options.schedule = *kind;
-  // Unset: 0, and the DP picks its schedule's default for the replication
-  // it chooses (the same schedule::DefaultMicroBatches StagePlanFor uses).
-  options.micro_batches =
-      spec.schedule().has_micro_batches() ? spec.schedule().micro_batches() : 0;
-  options.batch_size = spec.data().batch_size();
-  options.max_in_flight = MaxInFlight(spec);
-  // Deeper than NOAM only within a staleness the spec asks for: the
-  // default keeps the accuracy of the natural 1F1B bound (bench/cluster:
-  // the mlp at 100 Mbit/s lost 0.9-1.2 point at the depth of 4 that hid
-  // its link).
-  options.deepen_for_links = spec.schedule().has_max_staleness();
-  options.activation_compression_ratio =
-      TransferCompressionRatio(spec.schedule().transfer_precision());
-  if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
-    options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
-  }
-  // A stage count and a replica count asked for are the DP's: the best
-  // plan with exactly that many. The validator keeps stages x replicas
-  // within spec.resources.workers; a re-plan after losing workers may have
-  // fewer, and then the job goes on with fewer replicas, then fewer stages,
-  // rather than failing.
-  options.stages = std::max(0, spec.schedule().stages());
-  options.replicas = std::max(0, spec.schedule().replicas());
   std::string fewer_note;
-  const int n = cluster->num_workers();
-  if (std::max(1, options.stages) * std::max(1, options.replicas) > n) {
-    const int asked_stages = options.stages, asked_replicas = options.replicas;
-    if (options.replicas > 0) {
-      options.replicas = std::max(1, n / std::max(1, options.stages));
-    }
-    options.stages = std::min(options.stages, n);
-    fewer_note = absl::StrCat("spec.schedule asks for ", asked_stages,
-                              " stage(s) x ", asked_replicas, " replica(s) (0: any); ",
-                              n, " worker(s) are left: planned with ",
-                              options.stages, " x ", options.replicas);
-  }
+  absl::StatusOr<pt::PlannerOptions> asked_options =
+      OptionsFor(spec, cluster->num_workers(), budget_, &fewer_note);
+  if (!asked_options.ok()) return asked_options.status();
+  pt::PlannerOptions options = *asked_options;
   absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, options);
   if (!plan.ok()) {
     if (absl::StartsWith(plan.status().message(), "stages: ") ||
@@ -278,7 +304,6 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
   // micro_batch_costs): at one cost for every size the mlp's was
   // predicted 1.37x the async plan and ran 0.78-0.82x of it.
   constexpr double kMinSyncGain = 1.10;
-  const pt::PlannerOptions asked = options;  // for the alternatives
   std::string schedule_note;
   if (spec.schedule().kind() == apapo::v1::SCHEDULE_KIND_UNSPECIFIED &&
       options.schedule == apapo::schedule::ScheduleKind::kAsync &&
@@ -434,7 +459,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
         {"gpipe", apapo::schedule::ScheduleKind::kGPipe},
         {"1f1b_flush", apapo::schedule::ScheduleKind::k1F1BFlush},
         {"dp", apapo::schedule::ScheduleKind::kDataParallel}}) {
-    pt::PlannerOptions alt = asked;
+    pt::PlannerOptions alt = *asked_options;
     alt.schedule = kind;
     alt.micro_batches = 0;  // each schedule's own default
     absl::StatusOr<pt::Plan> p = PlanWith(*graph, *cluster, alt);
