@@ -86,6 +86,12 @@ absl::Status Graph::Validate(int* error_line) const {
                                   "], got ", scale));
     }
   }
+  if (!std::isfinite(accumulate_seconds_per_byte_) || accumulate_seconds_per_byte_ < 0 ||
+      accumulate_seconds_per_byte_ > kMaxAccumulateSecondsPerByte) {
+    return fail(0, absl::StrCat("accumulate_seconds_per_byte must be in [0, ",
+                                kMaxAccumulateSecondsPerByte, "], got ",
+                                accumulate_seconds_per_byte_));
+  }
   absl::flat_hash_set<std::pair<int, int>> edge_set;
   for (const Edge& e : edges_) {
     if (e.from == e.to) {

@@ -91,6 +91,12 @@ class Graph {
     micro_batch_costs_ = std::move(costs);
   }
   double MicroBatchScale(double rows) const;
+  // Seconds per parameter byte to accumulate a micro-batch's gradients
+  // (ModelProfile.accumulate_seconds_per_byte); 0 when unknown. Validate()
+  // checks it is finite, >= 0 and at most kMaxAccumulateSecondsPerByte.
+  static constexpr double kMaxAccumulateSecondsPerByte = 1e-6;
+  double accumulate_seconds_per_byte() const { return accumulate_seconds_per_byte_; }
+  void set_accumulate_seconds_per_byte(double s) { accumulate_seconds_per_byte_ = s; }
 
   double TotalComputeSeconds() const;
   double TotalParameterBytes() const;
@@ -103,6 +109,7 @@ class Graph {
   absl::flat_hash_map<std::string, int> index_;  // first node with each id
   double update_seconds_ = 0;
   std::vector<std::pair<double, double>> micro_batch_costs_;
+  double accumulate_seconds_per_byte_ = 0;
 };
 
 }  // namespace partitioner

@@ -168,6 +168,11 @@ struct StagePlan {
   // speed-1 worker: every replica runs all of it, at its kUpdate, and
   // backward_seconds leaves it out.
   double update_seconds = 0;
+  // A replica's adds of its later micro-batches' gradients into the
+  // first's (Graph::accumulate_seconds_per_byte; kApapo only), per
+  // mini-batch on one speed-1 worker: counted in compute_seconds and, per
+  // micro-batch, in backward_seconds.
+  double accumulate_seconds = 0;
   double output_bytes = 0;       // activations sent to the next stage
   double output_bandwidth = 0;   // bytes/s of the link to the next stage
   double allreduce_bandwidth = 0;  // bytes/s of the replicas' slowest link

@@ -142,6 +142,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
     costs.emplace_back(static_cast<double>(c.rows()), c.scale());
   }
   graph.set_micro_batch_costs(std::move(costs));
+  graph.set_accumulate_seconds_per_byte(profile.accumulate_seconds_per_byte());
   for (const apapo::v1::NodeProfile& n : profile.nodes()) {
     const int to = graph.FindNode(n.id());
     for (const std::string& input : n.inputs()) {

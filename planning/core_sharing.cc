@@ -25,6 +25,7 @@ void ProfiledAlone(double share, apapo::v1::ModelProfile* profile) {
     node.set_backward_seconds(node.backward_seconds() * share);
   }
   profile->set_update_seconds(profile->update_seconds() * share);
+  profile->set_accumulate_seconds_per_byte(profile->accumulate_seconds_per_byte() * share);
 }
 
 namespace {

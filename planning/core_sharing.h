@@ -32,8 +32,9 @@ namespace apapo::planning {
 double ShareOfCores(int cores, int threads, int busy, int elsewhere = 0);
 
 // `profile` as its worker computes it alone, from times measured at
-// `share` of its cores: every node's forward and backward and the update
-// scaled by the share (kept when it is not in (0, 1)).
+// `share` of its cores: every node's forward and backward, the update and
+// the gradient accumulation scaled by the share (kept when it is not in
+// (0, 1)).
 void ProfiledAlone(double share, apapo::v1::ModelProfile* profile);
 
 // Each worker's relative_speed (1 where unset) times its core set's share

@@ -625,6 +625,49 @@ TEST(PartitionerPlannerTest, ReplicasComputeHalfBatchesAtTheirMeasuredCost) {
                                    "micro-batches of 64 rows compute at 1.25x")));
 }
 
+// A replica that runs k micro-batches of a mini-batch adds k - 1 of their
+// gradients into the first's: a 2-stage flush of 8 pays 7 adds over each
+// stage's 32 MiB, data parallelism on 2 (one micro-batch a replica) none.
+TEST(PartitionerPlannerTest, GradientAccumulationIsChargedPerLaterMicroBatch) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
+  spec.mutable_schedule()->set_stages(2);
+  apapo::v1::ModelProfile adding = ChainProfile();
+  adding.set_accumulate_seconds_per_byte(1e-10);  // 10 GB/s
+  auto plain = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  auto charged = planner.MakePlan(spec, adding, TwoWorkers(1e9));
+  ASSERT_TRUE(plain.ok() && charged.ok()) << plain.status() << charged.status();
+  ASSERT_EQ(charged->micro_batches(), 8);
+  ASSERT_EQ(charged->stages_size(), 2);
+  const double stage_bytes = 2 * 2048.0 * 2048 * 4;
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(charged->stages(s).compute_seconds() - plain->stages(s).compute_seconds(),
+                7 * stage_bytes * 1e-10, 1e-9);
+  }
+  EXPECT_LT(charged->prediction().samples_per_second(),
+            plain->prediction().samples_per_second());
+  EXPECT_THAT(charged->notes(), ::testing::Contains(::testing::HasSubstr(
+                                    "adds 7 micro-batches' gradients")));
+
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  spec.mutable_schedule()->clear_stages();
+  auto dp_plain = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  auto dp_charged = planner.MakePlan(spec, adding, TwoWorkers(1e9));
+  ASSERT_TRUE(dp_plain.ok() && dp_charged.ok());
+  ASSERT_EQ(dp_charged->micro_batches(), 2);
+  EXPECT_DOUBLE_EQ(dp_charged->stages(0).compute_seconds(),
+                   dp_plain->stages(0).compute_seconds());
+
+  // A hostile figure fails the plan, naming it.
+  adding.set_accumulate_seconds_per_byte(1.0);
+  auto hostile = planner.MakePlan(spec, adding, TwoWorkers(1e9));
+  ASSERT_FALSE(hostile.ok());
+  EXPECT_EQ(hostile.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(hostile.status().message(), ::testing::HasSubstr("accumulate_seconds_per_byte"));
+}
+
 // A hostile or broken profile's costs fail the plan naming the field.
 TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
   PartitionerPlanner planner;

@@ -118,6 +118,13 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     }
     st.forward_seconds *= row_scale;
     st.backward_seconds *= row_scale;
+    // A replica's later micro-batches add their gradients into the first's
+    // (the planner's StagePlan::accumulate_seconds), spread over its k.
+    const double k = static_cast<double>(p.micro_batches) / st.replicas;
+    if (k > 1) {
+      st.backward_seconds +=
+          (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
+    }
     st.output_bandwidth = bandwidth;
     st.allreduce_bandwidth = bandwidth;
     st.in_flight_depth = stage.in_flight_depth();

@@ -86,6 +86,9 @@ struct Calibration {
   // (rows, forward + backward per row at `rows` over that at the
   // calibration's own rows), each at its fastest pass, ascending rows.
   std::vector<std::pair<int64_t, double>> row_costs;
+  // Adding one micro-batch's gradients into another's, seconds per
+  // parameter byte, fastest pass; 0 when there are none.
+  double accumulate_seconds_per_byte = 0;
   std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
 };
 
@@ -205,6 +208,8 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   std::vector<double> steps, updates;
   std::vector<std::vector<double>> row_times(smaller.size());
   std::vector<double> own_row_times;
+  std::vector<at::Tensor> accumulated;
+  std::vector<double> accumulate_times;
   size_t sizes = smaller.size();  // those the model runs
   const int64_t own_rows = samples.size(0);
   std::vector<at::Tensor> spare;
@@ -240,6 +245,24 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     if (pass > 0) {
       steps.push_back(Seconds(t0, t2));
       updates.push_back(Seconds(t1, t2));
+    }
+    // The runtime adds each later micro-batch's gradients into the first's
+    // (stage_executor.cc): timed on this pass's fresh gradients, into the
+    // previous pass's.
+    if (!grads.empty() && accumulated.size() == grads.size()) {
+      const Clock::time_point a0 = Clock::now();
+      double bytes = 0;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!grads[i].defined() || !accumulated[i].defined()) continue;
+        accumulated[i].add_(grads[i]);
+        bytes += static_cast<double>(Bytes(grads[i]));
+      }
+      const double seconds = Seconds(a0, Clock::now());
+      if (pass > 0 && bytes > 0) accumulate_times.push_back(seconds / bytes);
+    } else if (!grads.empty()) {
+      for (const at::Tensor& g : grads) {
+        accumulated.push_back(g.defined() ? g.detach().clone() : at::Tensor());
+      }
     }
     if (pass > 0) own_row_times.push_back(Seconds(t0, t1) / static_cast<double>(own_rows));
     for (size_t i = 0; i < sizes; ++i) {
@@ -278,6 +301,12 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     }
   }
   cal.row_costs.emplace_back(own_rows, 1.0);
+  // At most 1e-7 s a byte (10 MB/s): slower is a tiny model's per-call
+  // overhead, not its bytes (the planner refuses more than 1e-6).
+  if (!accumulate_times.empty()) {
+    cal.accumulate_seconds_per_byte = std::min(
+        1e-7, *std::min_element(accumulate_times.begin(), accumulate_times.end()));
+  }
   // The trained state, as a stage holds it at a checkpoint.
   StageCheckpoint state;
   state.step = iterations + 1;
@@ -478,6 +507,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_model(graph->graph().name());
   profile->set_batch_size(batch);
   profile->set_update_seconds(total_params > 0 ? cal->update_seconds : 0);
+  profile->set_accumulate_seconds_per_byte(cal->accumulate_seconds_per_byte);
   if (cal->row_costs.size() > 1) {
     for (const auto& [rows, cost] : cal->row_costs) {
       apapo::v1::MicroBatchCost* c = profile->add_micro_batch_costs();
@@ -492,9 +522,10 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_source(absl::StrFormat(
       "measured by apapo-worker: micro-batch of %d x %d, fastest of %d "
       "pass(es), scaled x%.3f to the median whole-model step (%.4g s, of "
-      "which the optimizer update %.4g s)%s",
+      "which the optimizer update %.4g s); gradients add at %.3g GB/s%s",
       micro, batch / micro, iterations, factor, cal->step_seconds,
       cal->update_seconds,
+      cal->accumulate_seconds_per_byte > 0 ? 1e-9 / cal->accumulate_seconds_per_byte : 0,
       row_costs.empty()
           ? ""
           : absl::StrCat("; per row, smaller micro-batches cost ",

@@ -198,6 +198,12 @@ TEST(ProfileJobTest, TimesSmallerMicroBatchesPerRowWhenThePlannerPicksThem) {
   auto fixed_result = ProfileJob(fixed);
   ASSERT_TRUE(fixed_result.ok()) << fixed_result.status();
   EXPECT_EQ(fixed_result->profile().micro_batch_costs_size(), 0);
+  // Gradients' accumulation is timed either way: a positive cost per byte,
+  // within the bound the planner accepts.
+  for (const auto* r : {&*result, &*fixed_result}) {
+    EXPECT_GT(r->profile().accumulate_seconds_per_byte(), 0);
+    EXPECT_LE(r->profile().accumulate_seconds_per_byte(), 1e-7);
+  }
 }
 
 TEST(ProfileJobTest, BadSpecIsRefused) {
