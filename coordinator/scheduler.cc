@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "planning/core_sharing.h"
 #include "planning/network_levels.h"
+#include "planning/simulated_trace.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace apapo::coordinator {
@@ -39,6 +41,19 @@ int MaxRestarts(const apapo::v1::JobSpec& spec) {
   const auto& f = spec.fault_tolerance();
   return f.has_max_restarts() ? f.max_restarts() : 3;
 }
+
+// The samples/s the simulator gives `plan` on `profile` and `cluster`; 0
+// when it cannot simulate them (a plan naming nodes the profile lacks).
+double SimulatedRate(const apapo::v1::ModelProfile& profile,
+                     const apapo::v1::ClusterSpec& cluster, const apapo::v1::Plan& plan) {
+  apapo::v1::GetPlanResponse stored;
+  *stored.mutable_plan() = plan;
+  *stored.mutable_profile() = profile;
+  *stored.mutable_cluster() = cluster;
+  absl::StatusOr<double> rate = planning::SimulatedSamplesPerSecond(stored);
+  return rate.ok() && std::isfinite(*rate) ? *rate : 0;
+}
+
 int MinWorkers(const apapo::v1::JobSpec& spec) {
   const auto& f = spec.fault_tolerance();
   return f.has_min_workers() ? std::max(1, f.min_workers()) : 1;
@@ -120,9 +135,11 @@ void Scheduler::RunOnce() {
   // so worker messages, lost workers and cancellations are served meanwhile.
   // CommitPlan re-checks what they changed before anything is sent.
   std::vector<PlanRequest> growth;
+  std::vector<PlanRequest> replans;
   {
     absl::MutexLock lock(&mu_);
     growth = TakeGrowthRequests();
+    replans = TakeReplanRequests();
   }
   for (const PlanRequest& request : requests) {
     absl::StatusOr<apapo::v1::Plan> plan =
@@ -135,6 +152,17 @@ void Scheduler::RunOnce() {
         planner_->MakePlan(request.spec, request.profile, request.cluster);
     absl::MutexLock lock(&mu_);
     CommitGrowth(request, std::move(plan));
+  }
+  for (const PlanRequest& request : replans) {
+    absl::StatusOr<apapo::v1::Plan> plan =
+        planner_->MakePlan(request.spec, request.profile, request.cluster);
+    Simulated simulated;
+    if (plan.ok()) {
+      simulated.running = SimulatedRate(request.profile, request.cluster, request.running);
+      simulated.chosen = SimulatedRate(request.profile, request.cluster, *plan);
+    }
+    absl::MutexLock lock(&mu_);
+    CommitReplan(request, std::move(plan), simulated);
   }
   absl::MutexLock lock(&mu_);
   AdmitQueued();
@@ -511,6 +539,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeGrowthRequests() {
     const auto& f = a.spec.fault_tolerance();
     const int max_workers = f.has_max_workers() ? f.max_workers() : a.spec.resources().workers();
     if (a.phase != Phase::kRunning || a.awaiting_first_step || !a.growing.empty() ||
+        a.replan_at_step > 0 || a.check_pending ||
         static_cast<int>(a.workers.size()) >= max_workers ||
         a.restarts >= MaxRestarts(a.spec) || a.spec.checkpoint().directory().empty() ||
         a.workers.empty() || !a.profiles.count(a.workers[0]) || now < a.next_growth_check) {
@@ -581,7 +610,8 @@ void Scheduler::CommitGrowth(const PlanRequest& request,
   auto it = active_.find(request.job_id);
   if (it == active_.end() || !plan.ok()) return;
   ActiveJob& a = it->second;
-  if (a.phase != Phase::kRunning || a.workers != request.workers || !a.growing.empty()) {
+  if (a.phase != Phase::kRunning || a.workers != request.workers || !a.growing.empty() ||
+      a.replan_at_step > 0) {
     return;
   }
   const double now_sps = a.plan.prediction().samples_per_second();
@@ -616,6 +646,141 @@ void Scheduler::CommitGrowth(const PlanRequest& request,
                                  "checkpoint of step %d",
                                  absl::StrJoin(joined, ", "), gain, options_.growth_gain,
                                  a.grow_at_step))
+      .IgnoreError();
+}
+
+void Scheduler::CheckRunWindow(ActiveJob& a, const std::string& worker_id,
+                               const apapo::v1::MetricsReport& report) {
+  if (a.checked || a.phase != Phase::kRunning) return;
+  if (!a.window_start.count(worker_id)) {
+    if (report.step() - report.resumed_step() >= options_.check_warmup_steps) {
+      a.window_start[worker_id] = report;
+    }
+    return;
+  }
+  for (const Rank& r : a.ranks) {
+    auto first = a.window_start.find(r.worker_id);
+    auto last = a.latest.find(r.worker_id);
+    if (first == a.window_start.end() || last == a.latest.end() ||
+        last->second.step() - first->second.step() < options_.check_steps) {
+      return;
+    }
+  }
+  a.checked = true;
+  std::optional<RunCheck> check =
+      CheckRun(a.plan, a.spec.data().batch_size(), a.window_start, a.latest);
+  a.window_start.clear();
+  if (!check.has_value()) return;  // counters that account no time
+  if (std::abs(check->Error()) <= options_.check_tolerance) {
+    jobs_->RecordEvent(a.id, absl::StrFormat("plan checked against the run: %s; "
+                                             "within %.0f%%",
+                                             check->Describe(),
+                                             100 * options_.check_tolerance))
+        .IgnoreError();
+    return;
+  }
+  a.calibrated = CalibratedProfiles(a.profiles, *check,
+                                    a.workers.empty() ? std::string() : a.workers[0]);
+  a.check = std::move(check);
+  a.check_pending = true;
+  dirty_ = true;
+}
+
+std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
+  std::vector<PlanRequest> requests;
+  for (auto& [id, a] : active_) {
+    if (!a.check_pending) continue;
+    a.check_pending = false;
+    if (a.phase != Phase::kRunning || !a.growing.empty() || a.workers.empty()) {
+      a.check.reset();
+      a.calibrated.clear();
+      continue;
+    }
+    ActiveJob calibrated = a;
+    calibrated.profiles = a.calibrated;
+    PlanRequest request = MakePlanRequest(calibrated, /*record=*/false);
+    request.running = a.plan;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
+void Scheduler::CommitReplan(const PlanRequest& request,
+                             absl::StatusOr<apapo::v1::Plan> plan, Simulated simulated) {
+  auto it = active_.find(request.job_id);
+  if (it == active_.end()) return;
+  ActiveJob& a = it->second;
+  if (a.phase != Phase::kRunning || a.workers != request.workers ||
+      !a.check.has_value() || a.replan_at_step > 0 || !a.growing.empty()) {
+    return;
+  }
+  const RunCheck& check = *a.check;
+  const std::string head =
+      absl::StrCat("plan checked against the run: ", check.Describe());
+  auto done = [&](const std::string& what) {
+    jobs_->RecordEvent(a.id, absl::StrCat(head, "; ", what)).IgnoreError();
+    a.check.reset();
+    a.calibrated.clear();
+  };
+  if (!plan.ok()) {
+    done(absl::StrCat("planning on these figures failed (", plan.status().message(),
+                      "); kept"));
+    return;
+  }
+  // Both plans on the same calibrated figures where the simulator takes
+  // them; else the new plan's prediction against the measured rate.
+  const bool simulated_both = simulated.running > 0 && simulated.chosen > 0;
+  const std::string running =
+      simulated_both ? absl::StrFormat("on these figures the running plan simulates at "
+                                       "%.1f samples/s",
+                                       simulated.running)
+                     : std::string("on these figures");
+  if (SameShape(*plan, a.plan)) {
+    done(absl::StrCat(running, "; the planner chooses it again; kept"));
+    return;
+  }
+  const double gain =
+      simulated_both ? simulated.chosen / simulated.running
+                     : plan->prediction().samples_per_second() /
+                           check.measured_samples_per_second;
+  const std::string other =
+      simulated_both
+          ? absl::StrFormat("%s, the planner's choice, %s, at %.1f: %.2fx", running,
+                            ShapeOf(*plan), simulated.chosen, gain)
+          : absl::StrFormat("%s the planner chooses %s, predicted %.1f samples/s: "
+                            "%.2fx the measured",
+                            running, ShapeOf(*plan), plan->prediction().samples_per_second(),
+                            gain);
+  absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
+  const auto& p = job.ok() ? job->progress() : apapo::v1::JobProgress();
+  const double steps_per_second =
+      check.measured_samples_per_second / std::max(1, a.spec.data().batch_size());
+  std::string kept;
+  if (gain < options_.replan_gain) {
+    kept = absl::StrFormat("below the %.2fx a restart needs; kept", options_.replan_gain);
+  } else if (!a.spec.schedule().replan_on_measurement()) {
+    kept = "kept: spec.schedule.replan_on_measurement is off";
+  } else if (a.replanned) {
+    kept = "kept: the job restarted on a check before";
+  } else if (a.restarts >= MaxRestarts(a.spec)) {
+    kept = "kept: no restarts left (spec.fault_tolerance.max_restarts)";
+  } else if (a.spec.checkpoint().directory().empty()) {
+    kept = "kept: the job does not checkpoint";
+  } else if (p.total_steps() <= p.step() ||
+             absl::Seconds((p.total_steps() - p.step()) / steps_per_second) <
+                 options_.growth_min_remaining) {
+    kept = "kept: too little training left for a restart";
+  }
+  if (!kept.empty()) {
+    done(absl::StrCat(other, "; ", kept));
+    return;
+  }
+  const int64_t every = std::max<int64_t>(1, a.spec.checkpoint().every_steps());
+  a.replan_at_step = (p.step() / every + 1) * every;
+  a.replan_gain = gain;
+  jobs_->RecordEvent(a.id, absl::StrFormat("%s; %s; restarting on it after the "
+                                           "checkpoint of step %d",
+                                           head, other, a.replan_at_step))
       .IgnoreError();
 }
 
@@ -685,6 +850,10 @@ void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
       a.ranks.push_back({st.placement(r).worker_id(), st.index(), r,
                          static_cast<int>(a.ranks.size())});
     }
+  }
+  if (!a.calibration_note.empty()) {
+    plan->add_notes(a.calibration_note);
+    a.calibration_note.clear();
   }
   a.plan = *plan;
   apapo::v1::GetPlanResponse stored;
@@ -947,6 +1116,23 @@ void Scheduler::OnMetrics(ActiveJob& a, const std::string& worker_id,
         (progress.total_steps() - progress.step()) / steps_per_second));
   }
   jobs_->UpdateProgress(a.id, progress).IgnoreError();
+  CheckRunWindow(a, worker_id, report);
+  if (a.replan_at_step > 0 && a.phase == Phase::kRunning &&
+      CheckpointedStep(a) >= a.replan_at_step) {
+    // As a growth: every stage has the checkpoint written; restart on the
+    // plan the run's measurement chose, from the profiles it calibrated.
+    a.profiles = std::move(a.calibrated);
+    a.calibrated.clear();
+    a.calibration_note =
+        absl::StrCat("planned on what the run measured: ", a.check->Describe());
+    a.replanned = true;
+    const double gain = a.replan_gain;
+    Recover(a, {},
+            absl::StrFormat("re-planned on the run's measurement: predicted %.2fx the "
+                            "samples/s measured",
+                            gain));
+    return;
+  }
   if (!a.growing.empty() && a.phase == Phase::kRunning &&
       CheckpointedStep(a) >= a.grow_at_step) {
     // Every stage has reported the checkpoint of grow_at_step written (a
@@ -1098,6 +1284,14 @@ void Scheduler::Recover(ActiveJob& a, const std::vector<std::string>& lost,
     registry_->Release(id, a.growing);
     a.growing.clear();
   }
+  // The check is per attempt; a re-plan not taken yet is off (the next
+  // attempt is checked again).
+  a.window_start.clear();
+  a.checked = false;
+  a.check_pending = false;
+  a.check.reset();
+  a.calibrated.clear();
+  a.replan_at_step = 0;
   a.workers.insert(a.workers.end(), joining.begin(), joining.end());
   a.phase = Phase::kStopping;
   a.deadline = clock_->Now() + options_.stop_timeout;

@@ -53,6 +53,21 @@
 // a restart like a fault's (it counts, and is only tried while restarts
 // remain); the newcomers are profiled with the others first.
 //
+// Checking the plan against the run (run_check.h): once every stage of an
+// attempt has trained check_warmup_steps, a window of check_steps opens;
+// when it closes the coordinator compares the samples/s the stages' own
+// counters measured with the plan's prediction, and records the check as a
+// job event. Past check_tolerance it turns the window into calibration
+// factors (each worker's compute, the job's all-reduce), plans again on the
+// profiles scaled by them (without the lock, like a growth), simulates the
+// running plan and that one on the same figures (what calibration leaves
+// unexplained cancels out) and, when the new plan has another shape and
+// simulates at least replan_gain x the running one, restarts the job on it
+// after its next checkpoint, as a growth does
+// (where spec.schedule.replan_on_measurement asks for it; a restart, once
+// per job, while restarts remain and enough training is left). The new plan's notes say what it was planned on; its own window
+// is checked and recorded the same way.
+//
 // Events come from the workers' streams (OnWorkerMessage), the registry
 // (OnWorkerLost) and the JobManager (OnCancelled); they only update state
 // under mu_ and send non-blocking commands. Queue scans, planning and
@@ -82,6 +97,7 @@
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/run_check.h"
 #include "planning/planner.h"
 #include "coordinator/worker_registry.h"
 #include "coordinator/worker_listener.h"
@@ -116,6 +132,11 @@ struct SchedulerOptions {
   double growth_gain = 1.2;
   absl::Duration growth_min_remaining = absl::Minutes(1);
   absl::Duration growth_check_every = absl::Seconds(10);
+  // Checking the plan against the run (see the header comment).
+  int64_t check_warmup_steps = 10;
+  int64_t check_steps = 20;
+  double check_tolerance = 0.10;
+  double replan_gain = 1.2;
 };
 
 // Observes what the scheduler sees, for metrics export.
@@ -239,6 +260,22 @@ class Scheduler : public WorkerMessageListener {
     // Left out because their stage did not end: still reserved.
     std::vector<std::string> held_back;
     absl::Time wait_deadline;        // kWaiting: end of the wait
+    // Checking the plan against the run, once per attempt: each worker's
+    // report where the window opened; `checked` once it closed. A check
+    // past the tolerance keeps its figures and calibrated profiles while
+    // it is re-planned (`check_pending`: not taken yet); a re-plan taken
+    // waits for the checkpoint of replan_at_step. `replanned`: the job
+    // restarted on a check (once per job). calibration_note goes into the
+    // next plan's notes.
+    std::map<std::string, apapo::v1::MetricsReport> window_start;
+    bool checked = false;
+    bool check_pending = false;
+    std::optional<RunCheck> check;
+    std::map<std::string, apapo::v1::ProfileResult> calibrated;
+    int64_t replan_at_step = 0;
+    double replan_gain = 0;
+    bool replanned = false;
+    std::string calibration_note;
   };
 
   // What the planner needs for one job, copied out under mu_ so that it
@@ -252,6 +289,14 @@ class Scheduler : public WorkerMessageListener {
     apapo::v1::ClusterSpec cluster;
     // A growth check: the idle workers planned with the job's (not its).
     std::vector<std::string> candidates;
+    // A re-plan on a check: the plan the job runs.
+    apapo::v1::Plan running;
+  };
+  // What the simulator gives the running plan and the re-plan on a check's
+  // calibrated figures (0: it could not simulate them).
+  struct Simulated {
+    double running = 0;
+    double chosen = 0;
   };
 
   void AdmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -269,6 +314,18 @@ class Scheduler : public WorkerMessageListener {
   // Reserves the candidates if the plan predicts enough gain.
   void CommitGrowth(const PlanRequest& request, absl::StatusOr<apapo::v1::Plan> plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes `report` in the job's check window; closes the window when every
+  // rank is check_steps past its start (see the header comment).
+  void CheckRunWindow(ActiveJob& job, const std::string& worker_id,
+                      const apapo::v1::MetricsReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans for the jobs whose check asks for a re-plan, on their calibrated
+  // profiles.
+  std::vector<PlanRequest> TakeReplanRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the check with the re-plan's answer; takes the re-plan (a
+  // restart after the next checkpoint) when it predicts enough.
+  void CommitReplan(const PlanRequest& request, absl::StatusOr<apapo::v1::Plan> plan,
+                    Simulated simulated) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the planner's answer if the job is still as `request` saw it;
   // otherwise discards it (see the header comment).
   void CommitPlan(const PlanRequest& request,

@@ -32,6 +32,7 @@ class FakePlanner : public planning::Planner {
       gate->WaitForNotification();
     }
     if (!error.ok()) return error;
+    if (custom) return custom(profile, cluster);
     apapo::v1::Plan plan;
     plan.set_model(profile.model());
     const int stages = std::min(2, cluster.workers_size());
@@ -46,6 +47,10 @@ class FakePlanner : public planning::Planner {
     return plan;
   }
   absl::Status error;
+  // When set, the plan (the tests' own planner logic).
+  std::function<apapo::v1::Plan(const apapo::v1::ModelProfile&,
+                                const apapo::v1::ClusterSpec&)>
+      custom;
   apapo::v1::ClusterSpec seen_cluster;
   apapo::v1::ModelProfile seen_profile;
   // When set, MakePlan notifies `entered` and blocks until `*gate` opens
@@ -127,6 +132,7 @@ class SchedulerTest : public ::testing::Test {
     }
     if (min_workers_ > 0) spec.mutable_fault_tolerance()->set_min_workers(min_workers_);
     if (max_workers_ > 0) spec.mutable_fault_tolerance()->set_max_workers(max_workers_);
+    spec.mutable_schedule()->set_replan_on_measurement(replan_on_measurement_);
     if (max_duration > absl::ZeroDuration()) {
       spec.mutable_limits()->mutable_max_duration()->set_seconds(
           absl::ToInt64Seconds(max_duration));
@@ -173,6 +179,14 @@ class SchedulerTest : public ::testing::Test {
     auto* n = m.mutable_profile_result()->mutable_profile()->add_nodes();
     n->set_id("fc1");
     n->set_forward_seconds(seconds);
+    if (two_nodes_) {
+      // fc2 as long as fc1, mini-batches of 100: what the simulator needs.
+      auto* fc2 = m.mutable_profile_result()->mutable_profile()->add_nodes();
+      fc2->set_id("fc2");
+      fc2->add_inputs("fc1");
+      fc2->set_forward_seconds(seconds);
+      m.mutable_profile_result()->mutable_profile()->set_batch_size(100);
+    }
     m.mutable_profile_result()->mutable_profile()->set_model("mlp");
     scheduler_.OnWorkerMessage(worker, m);
   }
@@ -246,6 +260,8 @@ class SchedulerTest : public ::testing::Test {
   int max_restarts_ = -1;
   int min_workers_ = 0;
   int max_workers_ = 0;
+  bool replan_on_measurement_ = false;
+  bool two_nodes_ = false;  // Profile() adds fc2 and a batch size
   absl::Notification gate_;
   MemoryJobStore store_;
   FakeClock clock_;
@@ -1135,6 +1151,195 @@ TEST_F(SchedulerTest, AnIdleWorkerIsNotTakenForASmallGainOrWithLittleTimeLeft) {
   scheduler_.RunOnce();
   EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);
   EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+}
+
+// A stage's counters as a worker reports them.
+WorkerMessage Counters(const std::string& job, int stage, int64_t step, double busy,
+                       double idle, int64_t checkpoint_step = 0) {
+  WorkerMessage m;
+  m.mutable_metrics()->set_job_id(job);
+  m.mutable_metrics()->set_step(step);
+  m.mutable_metrics()->set_total_steps(10000);
+  m.mutable_metrics()->set_checkpoint_step(checkpoint_step);
+  m.mutable_metrics()->mutable_stage()->set_stage(stage);
+  m.mutable_metrics()->mutable_stage()->set_busy_seconds(busy);
+  m.mutable_metrics()->mutable_stage()->set_idle_seconds(idle);
+  return m;
+}
+
+// The tests' planner for checks, on the profiles of StartRunningJob with
+// two_nodes_ (fc1 and fc2 of 1 s a mini-batch of 100 on w-1, 2 s on w-2):
+// fc1 on the first worker and fc2 on the second (1 + 2 s: 50 samples/s)
+// while the second runs at 0.3 of the first's speed or more; else both on
+// the first alone (2 s: 50 samples/s).
+apapo::v1::Plan PipelineOrAlone(const apapo::v1::ModelProfile& profile,
+                                const apapo::v1::ClusterSpec& cluster) {
+  apapo::v1::Plan plan;
+  plan.set_model(profile.model());
+  plan.set_schedule(apapo::v1::SCHEDULE_KIND_ASYNC);
+  plan.mutable_prediction()->set_samples_per_second(50);
+  const double speed = cluster.workers(1).relative_speed();
+  if (speed >= 0.3) {
+    for (int s = 0; s < 2; ++s) {
+      auto* st = plan.add_stages();
+      st->set_index(s);
+      st->set_replicas(1);
+      st->add_node_ids(s == 0 ? "fc1" : "fc2");
+      st->add_placement()->set_worker_id(cluster.workers(s).worker_id());
+      st->set_compute_seconds(s == 0 ? 1.0 : 1.0 / speed);
+    }
+    return plan;
+  }
+  auto* st = plan.add_stages();
+  st->set_replicas(1);
+  st->add_node_ids("fc1");
+  st->add_node_ids("fc2");
+  st->add_placement()->set_worker_id(cluster.workers(0).worker_id());
+  st->set_compute_seconds(2.0);
+  return plan;
+}
+
+std::string LastEvent(JobManager& jobs, const std::string& id) {
+  return jobs.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message();
+}
+
+// w-2 computes 4x as long as the plan said: the window of steps 10-30
+// measures 12.5 samples/s against 50. On the profiles calibrated by it
+// (w-2 x4) the running pipeline simulates at 12.5 and the planner's
+// choice, both nodes on w-1, at 50: the job restarts on it once every
+// stage has written the checkpoint of step 100, planned from the
+// calibrated profiles without profiling again.
+TEST_F(SchedulerTest, ARunFarBelowItsPredictionRestartsOnThePlanItsMeasurementChooses) {
+  two_nodes_ = true;
+  replan_on_measurement_ = true;
+  planner_.custom = PipelineOrAlone;
+  std::string id = StartRunningJob();
+  ASSERT_EQ(jobs_.GetPlan(id)->plan().stages_size(), 2);
+  // Warm-up: the window opens at step 10 of each stage.
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 5, 5.0, 5.0));
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 40.0, 1.0));
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 29, 29.0, 143.0));
+  planner_.seen_cluster.Clear();
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);  // not re-planned yet
+  // w-1: 1 s busy a step as planned, 7 waiting; w-2: 8 s busy (2 planned).
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 30.0, 150.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 200.0, 1.0));
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.125);
+  EXPECT_EQ(LastEvent(jobs_, id),
+            "plan checked against the run: measured 12.5 samples/s over 20 steps, "
+            "predicted 50.0 (+300%); compute x1.00 on w-1, x4.00 on w-2; on these "
+            "figures the running plan simulates at 12.5 samples/s, the planner's "
+            "choice, 1 stage(s) of 1 replica(s), async, at 50.0: 4.00x; restarting on "
+            "it after the checkpoint of step 100");
+  // Step 100 trained but its checkpoint not written everywhere: running on.
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 101, 101.0, 700.0, 100));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 100, 600.0, 4.0, 0));
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 101, 608.0, 4.0, 100));
+  auto job = jobs_.Get(id);
+  ASSERT_EQ(job->state(), apapo::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job->restart_history(0).cause(),
+            "re-planned on the run's measurement: predicted 4.00x the samples/s measured");
+  EXPECT_TRUE(Next("w-1").has_stop());
+  EXPECT_TRUE(Next("w-2").has_stop());
+  SendOutcome(scheduler_, "w-1", id, absl::StatusCode::kCancelled);
+  SendOutcome(scheduler_, "w-2", id, absl::StatusCode::kCancelled);
+  planner_.seen_cluster.Clear();
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.125);
+  auto plan = jobs_.GetPlan(id);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->plan().stages_size(), 1);
+  EXPECT_THAT(plan->plan().notes(),
+              ::testing::Contains(HasSubstr(
+                  "planned on what the run measured: measured 12.5 samples/s")));
+  CoordinatorMessage a0 = Next("w-1");
+  ASSERT_TRUE(a0.has_assign());
+  EXPECT_TRUE(a0.assign().spec().checkpoint().resume());
+  Ack("w-1", a0.command_id(), 6001);
+  EXPECT_TRUE(Next("w-1").has_start());
+  EXPECT_EQ(jobs_.Get(id)->worker_ids_size(), 1);  // w-2 released
+  // The new attempt is checked too. Far off again, with a plan of another
+  // shape predicted far above, the job is not restarted again: once per job.
+  planner_.custom = [](const apapo::v1::ModelProfile& p, const apapo::v1::ClusterSpec& c) {
+    apapo::v1::Plan plan = PipelineOrAlone(p, c);
+    plan.set_micro_batches(4);
+    plan.mutable_prediction()->set_samples_per_second(500);
+    plan.mutable_stages(0)->clear_node_ids();
+    plan.mutable_stages(0)->add_node_ids("fc1,fc2");  // not simulated
+    return plan;
+  };
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 110, 10.0, 0));
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 130, 90.0, 0));
+  scheduler_.RunOnce();
+  EXPECT_THAT(LastEvent(jobs_, id),
+              HasSubstr("measured 25.0 samples/s over 20 steps, predicted 50.0 (+100%); "
+                        "compute x2.00 on w-1; on these figures the planner chooses 1 "
+                        "stage(s) of 1 replica(s), async, predicted 500.0 samples/s: 20.00x "
+                        "the measured; kept: the job restarted on a check before"));
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, ARunAsPredictedIsCheckedAndNotReplanned) {
+  two_nodes_ = true;
+  planner_.custom = PipelineOrAlone;
+  std::string id = StartRunningJob();
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 20.0, 1.0));
+  // 1.05 and 2.0 s busy a step, 2.1 with waits: 47.6 samples/s.
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 31.0, 31.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 60.0, 3.0));
+  planner_.seen_cluster.Clear();
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);
+  EXPECT_EQ(LastEvent(jobs_, id),
+            "plan checked against the run: measured 47.6 samples/s over 20 steps, "
+            "predicted 50.0 (+5%); compute x1.05 on w-1, x1.00 on w-2; within 10%");
+}
+
+TEST_F(SchedulerTest, ACheckWhosePlanIsTheSameKeepsTheRun) {
+  two_nodes_ = true;
+  replan_on_measurement_ = true;
+  planner_.custom = PipelineOrAlone;
+  std::string id = StartRunningJob();
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 20.0, 1.0));
+  // Both stages 1.3x slower: 38.5 samples/s; w-2 still at half w-1's speed.
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 36.0, 36.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 72.0, 1.0));
+  scheduler_.RunOnce();
+  EXPECT_NEAR(planner_.seen_cluster.workers(1).relative_speed(), 0.5, 1e-9);
+  EXPECT_EQ(LastEvent(jobs_, id),
+            "plan checked against the run: measured 38.5 samples/s over 20 steps, "
+            "predicted 50.0 (+30%); compute x1.30 on w-1, x1.30 on w-2; on these "
+            "figures the running plan simulates at 38.5 samples/s; the planner chooses "
+            "it again; kept");
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+}
+
+// Without spec.schedule.replan_on_measurement the better plan is only
+// reported.
+TEST_F(SchedulerTest, ABetterPlanOnTheMeasurementIsOnlyReportedUnlessTheSpecAsks) {
+  two_nodes_ = true;
+  planner_.custom = PipelineOrAlone;
+  std::string id = StartRunningJob();
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 40.0, 1.0));
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 30.0, 150.0));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 200.0, 1.0));
+  scheduler_.RunOnce();
+  EXPECT_THAT(LastEvent(jobs_, id),
+              HasSubstr("the planner's choice, 1 stage(s) of 1 replica(s), async, at "
+                        "50.0: 4.00x; kept: spec.schedule.replan_on_measurement is off"));
+  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 201, 201.0, 1400.0, 200));
+  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 201, 1400.0, 4.0, 200));
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(HasCommand("w-1"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "planning/core_sharing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -18,14 +19,20 @@ double ShareOfCores(int cores, int threads, int busy, int elsewhere) {
                             std::max(0, elsewhere)));
 }
 
+void ScaleComputeTimes(double factor, apapo::v1::ModelProfile* profile) {
+  if (!(factor > 0) || !std::isfinite(factor) || factor == 1) return;
+  for (auto& node : *profile->mutable_nodes()) {
+    node.set_forward_seconds(node.forward_seconds() * factor);
+    node.set_backward_seconds(node.backward_seconds() * factor);
+  }
+  profile->set_update_seconds(profile->update_seconds() * factor);
+  profile->set_accumulate_seconds_per_byte(profile->accumulate_seconds_per_byte() *
+                                           factor);
+}
+
 void ProfiledAlone(double share, apapo::v1::ModelProfile* profile) {
   if (!(share > 0 && share < 1)) return;
-  for (auto& node : *profile->mutable_nodes()) {
-    node.set_forward_seconds(node.forward_seconds() * share);
-    node.set_backward_seconds(node.backward_seconds() * share);
-  }
-  profile->set_update_seconds(profile->update_seconds() * share);
-  profile->set_accumulate_seconds_per_byte(profile->accumulate_seconds_per_byte() * share);
+  ScaleComputeTimes(share, profile);
 }
 
 namespace {

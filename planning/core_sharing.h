@@ -37,6 +37,11 @@ double ShareOfCores(int cores, int threads, int busy, int elsewhere = 0);
 // (0, 1)).
 void ProfiledAlone(double share, apapo::v1::ModelProfile* profile);
 
+// Every compute time of `profile` (nodes' forward and backward, the update,
+// the gradient accumulation) times `factor`; kept when it is not a
+// positive finite number.
+void ScaleComputeTimes(double factor, apapo::v1::ModelProfile* profile);
+
 // Each worker's relative_speed (1 where unset) times its core set's share
 // when the workers marked `busy` (by index into cluster.workers) train at
 // once beside its threads_elsewhere. A worker without a core set keeps its

@@ -23,10 +23,9 @@ namespace {
 namespace pt = apapo::partitioner;
 using apapo::schedule::Op;
 
-}  // namespace
-
-absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
-    const apapo::v1::GetPlanResponse& response, int steps) {
+// The simulator's run of the stored plan over `steps` iterations.
+absl::StatusOr<pt::SimulationResult> SimulateStored(
+    const apapo::v1::GetPlanResponse& response, int steps, bool record_trace) {
   const apapo::v1::Plan& plan = response.plan();
   if (plan.stages_size() == 0) {
     return absl::FailedPreconditionError("the plan has no stages");
@@ -162,9 +161,28 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   options.iterations = std::max(2, steps);
   options.micro_batches = p.micro_batches;
   options.max_in_flight = plan.in_flight();
-  options.record_trace = true;
+  options.record_trace = record_trace;
+  return pt::Simulate(p, cluster, *kind, options);
+}
+
+}  // namespace
+
+absl::StatusOr<double> SimulatedSamplesPerSecond(
+    const apapo::v1::GetPlanResponse& response) {
+  if (response.profile().batch_size() <= 0) {
+    return absl::FailedPreconditionError("the profile has no batch size");
+  }
   absl::StatusOr<pt::SimulationResult> result =
-      pt::Simulate(p, cluster, *kind, options);
+      SimulateStored(response, kRateIterations, /*record_trace=*/false);
+  if (!result.ok()) return result.status();
+  return result->mini_batches_per_second *
+         static_cast<double>(response.profile().batch_size());
+}
+
+absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
+    const apapo::v1::GetPlanResponse& response, int steps) {
+  absl::StatusOr<pt::SimulationResult> result =
+      SimulateStored(response, steps, /*record_trace=*/true);
   if (!result.ok()) return result.status();
 
   std::map<std::pair<int, int>, apapo::v1::StageTrace> traces;
@@ -199,7 +217,7 @@ absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
   std::vector<apapo::v1::StageTrace> out;
   for (auto& [key, t] : traces) {
     t.set_first_step(0);
-    t.set_end_step(options.iterations);
+    t.set_end_step(std::max(2, steps));
     out.push_back(std::move(t));
   }
   return out;

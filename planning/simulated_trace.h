@@ -27,6 +27,16 @@ namespace apapo::planning {
 absl::StatusOr<std::vector<apapo::v1::StageTrace>> SimulatedTrace(
     const apapo::v1::GetPlanResponse& plan, int steps);
 
+// Iterations SimulatedSamplesPerSecond simulates (its rate is the steady
+// state's, over the middle half).
+inline constexpr int kRateIterations = 12;
+
+// The samples/s the simulator gives the stored plan on its profile and
+// cluster: the rate of `plan` re-predicted on other figures (a profile the
+// run calibrated, coordinator/run_check.h). Errors as SimulatedTrace's;
+// FAILED_PRECONDITION for a profile without batch_size.
+absl::StatusOr<double> SimulatedSamplesPerSecond(const apapo::v1::GetPlanResponse& plan);
+
 }  // namespace apapo::planning
 
 #endif  // APAPO_PLANNING_SIMULATED_TRACE_H_

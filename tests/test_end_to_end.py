@@ -119,6 +119,48 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(f"{job_id} succeeded", r.stdout)
 
+    def test_the_plan_is_checked_against_the_run(self):
+        """Once per attempt the coordinator measures steps 10-30 of every
+        stage from their own counters and records the rate beside the
+        plan's prediction, each placed worker's compute against the plan's,
+        and (past 10%) the plan it would make on those figures; without
+        schedule.replan_on_measurement it keeps the running one."""
+        c = self.cluster
+        s = spec(steps=500)
+        # Wide enough that its stages report (every second) within the window.
+        s.model.builtin.hyper_parameters["hidden"].i = 1024
+        job_id = c.submit(s)
+        seen = []
+
+        def ended(m):
+            if m.HasField("event"):
+                seen.append(m.event.message)
+            return m.job.state in ENDED
+        job = c.watch_until(job_id, ended, timeout=600)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        self.assertEqual(job.restarts, 0)
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
+        placed = {r.worker_id for st in plan.stages for r in st.placement}
+        checks = [e for e in seen if e.startswith("plan checked against the run: ")]
+        self.assertEqual(len(checks), 1, seen)
+        print("\n" + checks[0], flush=True)
+        check = re.match(r"plan checked against the run: measured ([0-9.]+) samples/s "
+                         r"over ([0-9]+) steps, predicted ([0-9.]+) \(([+-][0-9]+)%\); "
+                         r"compute ([^;]*); (.*)$", checks[0])
+        self.assertTrue(check, checks[0])
+        self.assertGreaterEqual(int(check.group(2)), 20)
+        self.assertAlmostEqual(float(check.group(3)), plan.prediction.samples_per_second,
+                               delta=0.051)
+        self.assertEqual(set(re.findall(r"x[0-9.]+ on (w-[0-9]+)", check.group(5))), placed)
+        if abs(int(check.group(4))) <= 10:
+            self.assertEqual(check.group(6), "within 10%")
+        else:
+            self.assertRegex(check.group(6), r"^on these figures.*kept")
+        # The same run measured two ways: the stages' accounted seconds over
+        # the window, the last stage's steps over the whole run.
+        self.assertLess(abs(float(check.group(1)) / job.progress.samples_per_second - 1),
+                        0.5, (checks[0], job.progress.samples_per_second))
+
     def test_cancel_mid_run_frees_workers(self):
         c = self.cluster
         job_id = c.submit(spec(steps=1_000_000))

@@ -392,6 +392,18 @@ class Cluster:
             time.sleep(0.1)
         raise RuntimeError(f"timed out waiting for {pattern!r} in {path}: {tail(path)}")
 
+    def events(self, job_id):
+        """The job's events so far (WatchJob replays them from the first)."""
+        out = []
+        try:
+            for m in self.jobs.WatchJob(service_pb2.WatchJobRequest(job_id=job_id),
+                                        timeout=10):
+                if m.HasField("event"):
+                    out.append(m.event.message)
+        except grpc.RpcError:
+            pass  # the deadline: a job still running streams on
+        return out
+
     def run(self, model, row, max_steps, epochs, timeout):
         spec, _ = make_spec(model, row, max_steps, epochs, self.workdir, self.text_path,
                             workers=self.workers)
@@ -420,7 +432,11 @@ class Cluster:
             return {"error": f"{job_id} timed out after {timeout}s"}
         if job.state != job_pb2.JOB_STATE_SUCCEEDED:
             return {"error": f"{job_id}: {job_pb2.JobState.Name(job.state)}: {job.error}"}
+        # The coordinator's checks of the plan against the run (and what it
+        # did on them: a re-plan restarts the job).
+        checks = [e for e in self.events(job_id) if e.startswith("plan checked")]
         res = {"job_id": job_id, "samples_per_s": job.progress.samples_per_second,
+               "plan_checks": checks, "restarts": job.restarts,
                "final_test_accuracy": (job.progress.test_accuracy
                                        if job.progress.HasField("test_accuracy") else None),
                "steps": job.progress.step, "max_staleness": job.progress.max_staleness,
