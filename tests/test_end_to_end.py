@@ -212,6 +212,120 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
 
 
+def pin(pid, cpu):
+    """Every thread of process `pid` onto `cpu` (threads it starts later
+    inherit the creating thread's affinity)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass  # a thread that ended meanwhile
+
+
+class ReplanOnMeasurementTest(unittest.TestCase):
+    def test_a_worker_slowed_after_profiling_gets_less_work_after_a_restart(self):
+        """Once training starts, two busy loops share w-2's core (each stage
+        pinned to a core of its own): w-2 profiled at full speed and trains
+        at about a third of it. The check measures its compute at 2x the
+        plan's or more, the plan made on those figures gives it less of the
+        model (or none) and simulates above the running one, and with
+        schedule.replan_on_measurement the job restarts on it after its
+        next checkpoint. The restarted attempt, under the same load, is
+        measured faster than the first; the job trains to the end and
+        succeeds, the plan's notes say what it was planned on, and nothing
+        is left running."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            self.skipTest("needs two CPUs: one per stage, the busy loops on w-2's")
+        c = Cluster(workers=2, coordinator_flags=("--growth_min_remaining=2s",))
+        hogs = []
+        try:
+            s = spec(steps=1500)
+            s.model.builtin.hyper_parameters["hidden"].i = 1024
+            s.schedule.replan_on_measurement = True
+            s.checkpoint.every_steps = 50
+            job_id = c.submit(s)
+            daemons = {w: c.workers[w].proc.pid for w in ("w-1", "w-2")}
+            core = {"w-1": cpus[0], "w-2": cpus[1]}
+
+            def pin_stages(old):
+                """Pins each worker's stage process not in `old` to its core
+                as soon as it starts; returns {worker: pid}."""
+                started = {}
+
+                def found():
+                    for w, daemon in daemons.items():
+                        if w not in started:
+                            new = [p for p in children_with(daemon, "--run_assignment")
+                                   if p not in old]
+                            if new:
+                                pin(new[0], core[w])
+                                started[w] = new[0]
+                    return len(started) == len(daemons)
+                t.wait_until(found, 300, "both workers' stage processes", interval=0.02)
+                return started
+            first = pin_stages(set())
+            for _ in range(2):
+                hogs.append(subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]))
+                os.sched_setaffinity(hogs[-1].pid, {core["w-2"]})
+            def checks_until(n):
+                """The job's check events (WatchJob replays its events from
+                the first) once there are n, or the job ended."""
+                seen = []
+
+                def checked(m):
+                    if m.HasField("event") and m.event.message.startswith(
+                            "plan checked against the run"):
+                        seen.append(m.event.message)
+                    return len(seen) >= n or m.job.state in ENDED
+                c.watch_until(job_id, checked, timeout=300)
+                return seen
+            checks = checks_until(1)
+            print("\n" + checks[0], flush=True)
+            self.assertEqual(len(checks), 1)
+            factors = dict((w, float(x)) for x, w in
+                           re.findall(r"x([0-9.]+) on (w-[0-9]+)", checks[0]))
+            self.assertGreater(factors.get("w-2", 0), 2.0, checks[0])
+            self.assertGreater(factors["w-2"], factors.get("w-1", 1.0), checks[0])
+            self.assertRegex(checks[0], r"restarting on it after the checkpoint of step "
+                                        r"[0-9]+$")
+            # The restart's stages, pinned as the first's, under the same load.
+            second = pin_stages(set(first.values()))
+            checks = checks_until(2)
+            self.assertEqual(len(checks), 2, checks)
+            print(checks[1], flush=True)
+            rate = [float(re.match(r"plan checked against the run: measured ([0-9.]+) ",
+                                   x).group(1)) for x in checks]
+            self.assertGreater(rate[1], 1.05 * rate[0], checks)
+            self.assertNotIn("restarting", checks[1])  # once per job
+            for h in hogs:
+                h.kill()
+                h.wait()
+            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            self.assertGreaterEqual(job.progress.step, 1500)
+            self.assertEqual(job.restarts, 1)
+            self.assertTrue(job.restart_history[0].cause.startswith(
+                "re-planned on the run's measurement: predicted "), job.restart_history[0])
+            self.assertGreater(job.restart_history[0].resumed_step, 0)
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
+            self.assertTrue(any(n.startswith("planned on what the run measured: ")
+                                for n in plan.notes), list(plan.notes))
+            self.assertTrue(second)
+            # Nothing of either attempt is left running.
+            t.wait_until(lambda: not t.child_processes(set(daemons.values()),
+                                                       "--run_assignment"), 60,
+                         "the stage processes to end")
+            t.wait_until(lambda: set(c.worker_states().values()) ==
+                         {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
+        finally:
+            for h in hogs:
+                if h.poll() is None:
+                    h.kill()
+                    h.wait()
+            c.close()
+
+
 class WorkerHostTest(unittest.TestCase):
     def test_worker_whose_host_is_not_its_own_fails_the_job_naming_it(self):
         # w-2 advertises an address it cannot bind: its link test refuses at
