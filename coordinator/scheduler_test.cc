@@ -1,5 +1,6 @@
 #include "coordinator/scheduler.h"
 
+#include <array>
 #include <functional>
 #include <thread>
 
@@ -1199,6 +1200,21 @@ apapo::v1::Plan PipelineOrAlone(const apapo::v1::ModelProfile& profile,
   return plan;
 }
 
+// Busy and idle seconds of w-1 (stage 0) and of w-2 (stage 1).
+using StageSeconds = std::array<std::pair<double, double>, 2>;
+
+// The check's window of a job on w-1, w-2: both stages' counters at steps
+// 10 and 30.
+void SendWindow(Scheduler& scheduler, const std::string& id, const StageSeconds& first,
+                const StageSeconds& last) {
+  for (const auto& [step, at] : {std::pair{10, first}, std::pair{30, last}}) {
+    for (int s = 0; s < 2; ++s) {
+      scheduler.OnWorkerMessage(s == 0 ? "w-1" : "w-2",
+                                Counters(id, s, step, at[s].first, at[s].second));
+    }
+  }
+}
+
 std::string LastEvent(JobManager& jobs, const std::string& id) {
   return jobs.WaitForChange(id, -1, 0, absl::InfinitePast())->events.back().message();
 }
@@ -1289,11 +1305,8 @@ TEST_F(SchedulerTest, ARunAsPredictedIsCheckedAndNotReplanned) {
   two_nodes_ = true;
   planner_.custom = PipelineOrAlone;
   std::string id = StartRunningJob();
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 20.0, 1.0));
   // 1.05 and 2.0 s busy a step, 2.1 with waits: 47.6 samples/s.
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 31.0, 31.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 60.0, 3.0));
+  SendWindow(scheduler_, id, {{{10, 10}, {20, 1}}}, {{{31, 31}, {60, 3}}});
   planner_.seen_cluster.Clear();
   scheduler_.RunOnce();
   EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);
@@ -1307,11 +1320,8 @@ TEST_F(SchedulerTest, ACheckWhosePlanIsTheSameKeepsTheRun) {
   replan_on_measurement_ = true;
   planner_.custom = PipelineOrAlone;
   std::string id = StartRunningJob();
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 20.0, 1.0));
   // Both stages 1.3x slower: 38.5 samples/s; w-2 still at half w-1's speed.
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 36.0, 36.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 72.0, 1.0));
+  SendWindow(scheduler_, id, {{{10, 10}, {20, 1}}}, {{{36, 36}, {72, 1}}});
   scheduler_.RunOnce();
   EXPECT_NEAR(planner_.seen_cluster.workers(1).relative_speed(), 0.5, 1e-9);
   EXPECT_EQ(LastEvent(jobs_, id),
@@ -1328,10 +1338,7 @@ TEST_F(SchedulerTest, ABetterPlanOnTheMeasurementIsOnlyReportedUnlessTheSpecAsks
   two_nodes_ = true;
   planner_.custom = PipelineOrAlone;
   std::string id = StartRunningJob();
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 10, 10.0, 10.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 10, 40.0, 1.0));
-  scheduler_.OnWorkerMessage("w-1", Counters(id, 0, 30, 30.0, 150.0));
-  scheduler_.OnWorkerMessage("w-2", Counters(id, 1, 30, 200.0, 1.0));
+  SendWindow(scheduler_, id, {{{10, 10}, {40, 1}}}, {{{30, 150}, {200, 1}}});
   scheduler_.RunOnce();
   EXPECT_THAT(LastEvent(jobs_, id),
               HasSubstr("the planner's choice, 1 stage(s) of 1 replica(s), async, at "

@@ -129,14 +129,8 @@ class EndToEndTest(unittest.TestCase):
         s = spec(steps=500)
         # Wide enough that its stages report (every second) within the window.
         s.model.builtin.hyper_parameters["hidden"].i = 1024
-        job_id = c.submit(s)
-        seen = []
-
-        def ended(m):
-            if m.HasField("event"):
-                seen.append(m.event.message)
-            return m.job.state in ENDED
-        job = c.watch_until(job_id, ended, timeout=600)
+        job, seen = c.run_to_end(c.submit(s))
+        job_id = job.id
         self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
         self.assertEqual(job.restarts, 0)
         plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
@@ -423,14 +417,8 @@ class SharedCoresTest(unittest.TestCase):
             listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
             self.assertEqual({(w.info.core_set, w.info.core_set_size) for w in listed.workers},
                              {(f"{boot}/{cpu}", 1)})
-            job_id = c.submit(spec(steps=60))
-            seen = []
-
-            def ended(m):
-                if m.HasField("event"):
-                    seen.append(m.event.message)
-                return m.job.state in ENDED
-            job = c.watch_until(job_id, ended, timeout=600)
+            job, seen = c.run_to_end(c.submit(spec(steps=60)))
+            job_id = job.id
             self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
             events = "\n".join(seen)
             self.assertRegex(events, r"w-[12] shares 1 core\(s\) with 1 of the job's "

@@ -6,7 +6,10 @@ import grpc
 
 from lib import apapo_testlib as t
 
-from proto.apapo.v1 import service_pb2, service_pb2_grpc  # noqa: E402
+from proto.apapo.v1 import job_pb2, service_pb2, service_pb2_grpc  # noqa: E402
+
+
+ENDED = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
 
 
 class Cluster:
@@ -74,6 +77,17 @@ class Cluster:
             stream.cancel()
         raise AssertionError(f"{job_id} ended without the awaited condition: "
                              f"{self.get(job_id)}")
+
+    def run_to_end(self, job_id, timeout=600):
+        """Follows the job until it ends; returns it and its events' messages
+        (WatchJob replays them from the first)."""
+        events = []
+
+        def ended(m):
+            if m.HasField("event"):
+                events.append(m.event.message)
+            return m.job.state in ENDED
+        return self.watch_until(job_id, ended, timeout), events
 
     def worker_states(self):
         r = self.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
