@@ -1172,14 +1172,15 @@ WorkerMessage Counters(const std::string& job, int stage, int64_t step, double b
 // two_nodes_ (fc1 and fc2 of 1 s a mini-batch of 100 on w-1, 2 s on w-2):
 // fc1 on the first worker and fc2 on the second (1 + 2 s: 50 samples/s)
 // while the second runs at 0.3 of the first's speed or more; else both on
-// the first alone (2 s: 50 samples/s).
+// the first alone (2 s: 50 samples/s), as it must when the first is all
+// there is.
 apapo::v1::Plan PipelineOrAlone(const apapo::v1::ModelProfile& profile,
                                 const apapo::v1::ClusterSpec& cluster) {
   apapo::v1::Plan plan;
   plan.set_model(profile.model());
   plan.set_schedule(apapo::v1::SCHEDULE_KIND_ASYNC);
   plan.mutable_prediction()->set_samples_per_second(50);
-  const double speed = cluster.workers(1).relative_speed();
+  const double speed = cluster.workers_size() > 1 ? cluster.workers(1).relative_speed() : 0;
   if (speed >= 0.3) {
     for (int s = 0; s < 2; ++s) {
       auto* st = plan.add_stages();
