@@ -561,7 +561,15 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeGrowthRequests() {
         a.spec.resources().worker_selector().begin(),
         a.spec.resources().worker_selector().end());
     std::vector<std::string> idle = registry_->IdleMatching(
-        max_workers - static_cast<int>(a.workers.size()), selector);
+        max_workers - static_cast<int>(a.workers.size()) +
+            static_cast<int>(a.measured_out.size()),
+        selector);
+    idle.erase(std::remove_if(idle.begin(), idle.end(),
+                              [&](const std::string& w) { return a.measured_out.count(w); }),
+               idle.end());
+    if (static_cast<int>(idle.size()) > max_workers - static_cast<int>(a.workers.size())) {
+      idle.resize(max_workers - a.workers.size());
+    }
     if (idle.empty()) continue;
     // The newcomers, as the planner sees them: like the job's first worker,
     // over the slowest link measured (none measured: the assumed one).
@@ -851,7 +859,8 @@ void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
                          static_cast<int>(a.ranks.size())});
     }
   }
-  if (!a.calibration_note.empty()) {
+  const bool on_measurement = !a.calibration_note.empty();
+  if (on_measurement) {
     plan->add_notes(a.calibration_note);
     a.calibration_note.clear();
   }
@@ -877,8 +886,16 @@ void Scheduler::ApplyPlan(ActiveJob& a, const PlanRequest& request,
                     a.workers.end());
     jobs_->SetWorkers(id, a.workers).IgnoreError();
     jobs_->RecordEvent(id, absl::StrCat("plan leaves ", absl::StrJoin(spare, ", "),
-                                        " unused; released"))
+                                        " unused; released",
+                                        on_measurement
+                                            ? " (measured too slow for it: not grown into "
+                                              "again by this job)"
+                                            : ""))
         .IgnoreError();
+    // A growth would see them as fresh workers, like the first (it has no
+    // measurement of idle ones) and take them back on a profile the run
+    // contradicted: restart after restart.
+    if (on_measurement) a.measured_out.insert(spare.begin(), spare.end());
   }
 
   // The rank-0 worker hosts the store; it is assigned first.

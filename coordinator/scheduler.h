@@ -276,6 +276,9 @@ class Scheduler : public WorkerMessageListener {
     double replan_gain = 0;
     bool replanned = false;
     std::string calibration_note;
+    // Workers the plan made on the run's measurement left out: growth does
+    // not take them back for this job.
+    std::set<std::string> measured_out;
   };
 
   // What the planner needs for one job, copied out under mu_ so that it

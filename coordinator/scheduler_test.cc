@@ -1300,6 +1300,24 @@ TEST_F(SchedulerTest, ARunFarBelowItsPredictionRestartsOnThePlanItsMeasurementCh
                         "stage(s) of 1 replica(s), async, predicted 500.0 samples/s: 20.00x "
                         "the measured; kept: the job restarted on a check before"));
   EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
+  // w-2, left out on the measurement, is not grown back into (a growth
+  // would take it as a fresh worker like w-1).
+  const auto events = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast())->events;
+  EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const auto& e) {
+    return e.message() ==
+           "plan leaves w-2 unused; released (measured too slow for it: not grown into "
+           "again by this job)";
+  }));
+  WorkerMessage m = Counters(id, 0, 1000, 700.0, 0);
+  m.mutable_metrics()->set_total_steps(100000);
+  m.mutable_metrics()->set_samples_per_second(100);
+  scheduler_.OnWorkerMessage("w-1", m);
+  planner_.seen_cluster.Clear();
+  clock_.Advance(SchedulerOptions().growth_check_every);
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(SchedulerTest, ARunAsPredictedIsCheckedAndNotReplanned) {

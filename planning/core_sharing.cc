@@ -104,6 +104,26 @@ std::vector<std::vector<int>> CoreSharingSubsets(
   return subsets;
 }
 
+std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster) {
+  std::vector<double> speed;
+  double fastest = 0;
+  for (const auto& w : cluster.workers()) {
+    speed.push_back(w.relative_speed() > 0 ? w.relative_speed() : 1.0);
+    fastest = std::max(fastest, speed.back());
+  }
+  std::vector<std::vector<int>> subsets;
+  std::set<std::vector<int>> seen;
+  for (double at : {0.0, kSlowWorker, 0.5, 0.25}) {
+    std::vector<int> subset;
+    for (int i = 0; i < static_cast<int>(speed.size()); ++i) {
+      if (speed[i] >= at * fastest) subset.push_back(i);
+    }
+    if (seen.insert(subset).second) subsets.push_back(std::move(subset));
+  }
+  if (subsets.size() == 1) subsets.clear();  // all within kSlowWorker
+  return subsets;
+}
+
 apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
                                   const std::vector<int>& subset) {
   std::vector<bool> busy(cluster.workers_size(), false);

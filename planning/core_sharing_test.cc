@@ -200,5 +200,66 @@ TEST(CoreSharingTest, AskedStagesAndReplicasKeepTheirWorkers) {
   EXPECT_EQ(plan->stages(1).placement_size(), 2);
 }
 
+// Two workers without core sets on a 10 GB/s level, the second at `speed`
+// of the first.
+apapo::v1::ClusterSpec TwoAtSpeeds(double speed) {
+  apapo::v1::ClusterSpec c;
+  for (int i = 0; i < 2; ++i) {
+    auto* w = c.add_workers();
+    w->set_worker_id("w-" + std::to_string(i + 1));
+    w->set_relative_speed(i == 0 ? 1.0 : speed);
+  }
+  auto* level = c.add_levels();
+  level->set_group_size(2);
+  level->set_bandwidth_bytes_per_second(10e9);
+  return c;
+}
+
+TEST(CoreSharingTest, SpeedSubsetsAreTheFasterWorkersAtEachThreshold) {
+  EXPECT_TRUE(SpeedSubsets(TwoAtSpeeds(0.9)).empty());
+  // w-1 at 0.67 of w-2: w-2 alone is weighed.
+  EXPECT_THAT(SpeedSubsets(TwoAtSpeeds(1.5)), ElementsAre(ElementsAre(0, 1), ElementsAre(1)));
+  EXPECT_THAT(SpeedSubsets(TwoAtSpeeds(0.2)), ElementsAre(ElementsAre(0, 1), ElementsAre(0)));
+  // 1, 0.7, 0.4, 0.1 (unset is 1): all, >= 0.8, >= 0.5, >= 0.25.
+  apapo::v1::ClusterSpec four;
+  for (double v : {0.4, 0.0, 0.1, 0.7}) {
+    four.add_workers()->set_relative_speed(v);
+  }
+  EXPECT_THAT(SpeedSubsets(four),
+              ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(1), ElementsAre(1, 3),
+                          ElementsAre(0, 1, 3)));
+}
+
+// The DP cuts a chain of two equal halves for one speed; a second worker at
+// a fifth of the first would bind the pipeline at 2.5x the time the first
+// takes alone, so the first trains alone. At 0.9 both do.
+TEST(CoreSharingTest, AMuchSlowerWorkerIsLeftOutWhenTheRestAreFasterAlone) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  PartitionerPlanner planner;
+  auto plan = planner.MakePlan(spec, Chain(), TwoAtSpeeds(0.2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto alone = planner.MakePlan(spec, Chain(), SubCluster(TwoAtSpeeds(0.2), {0}));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_DOUBLE_EQ(plan->prediction().samples_per_second(),
+                   alone->prediction().samples_per_second());
+  ASSERT_EQ(plan->stages_size(), 1);
+  ASSERT_EQ(plan->stages(0).placement_size(), 1);
+  EXPECT_EQ(plan->stages(0).placement(0).worker_id(), "w-1");
+  std::string notes;
+  for (const auto& n : plan->notes()) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("workers differ in speed (the slowest at 0.20x the fastest): "
+                               "the DP predicted "));
+  EXPECT_THAT(notes, HasSubstr("planned on 1"));
+
+  auto both = planner.MakePlan(spec, Chain(), TwoAtSpeeds(0.9));
+  ASSERT_TRUE(both.ok()) << both.status();
+  std::set<std::string> placed;
+  for (const auto& st : both->stages()) {
+    for (const auto& r : st.placement()) placed.insert(r.worker_id());
+  }
+  EXPECT_THAT(placed, ElementsAre("w-1", "w-2"));
+}
+
 }  // namespace
 }  // namespace apapo::planning

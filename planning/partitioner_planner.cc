@@ -215,15 +215,19 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
     const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
     const apapo::v1::ClusterSpec& cluster_spec) {
-  const std::vector<std::vector<int>> subsets = CoreSharingSubsets(cluster_spec);
-  if (subsets.empty()) return PlanOn(spec, profile, cluster_spec);
   // Workers share cores: weigh all of them busy, each at its share, against
-  // fewer per core set at larger shares (core_sharing.h), on the DP alone;
-  // the one chosen is then planned in full (layer splits, the schedule
-  // auto weighs, alternatives), once. The first subset is every worker; a
-  // smaller one must predict more than 0.1% above. One with fewer workers
-  // than the spec's stages x replicas is not weighed (the whole cluster
-  // may be, with PlanOn's fewer note).
+  // fewer per core set at larger shares (core_sharing.h). Else, workers of
+  // different speeds: weigh all of them against the faster ones alone (the
+  // DP cuts for one speed; a much slower worker binds whatever stage it
+  // gets). On the DP alone; the one chosen is then planned in full (layer
+  // splits, the schedule auto weighs, alternatives), once. The first
+  // subset is every worker; a smaller one must predict more than 0.1%
+  // above. One with fewer workers than the spec's stages x replicas is not
+  // weighed (the whole cluster may be, with PlanOn's fewer note).
+  std::vector<std::vector<int>> subsets = CoreSharingSubsets(cluster_spec);
+  const bool sharing = !subsets.empty();
+  if (!sharing) subsets = SpeedSubsets(cluster_spec);
+  if (subsets.empty()) return PlanOn(spec, profile, cluster_spec);
   absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
   if (!graph.ok()) {
     return absl::InvalidArgumentError(
@@ -260,10 +264,21 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
     for (const auto& st : plan->stages()) {
       for (const auto& r : st.placement()) busy.insert(r.worker_id());
     }
-    plan->add_notes(absl::StrFormat(
+    std::string why =
         "workers share cores (their core sets hold fewer cores than threads "
-        "with all of them busy): the DP predicted %s worker(s); planned on %d",
-        absl::StrJoin(weighed, ", "), busy.size()));
+        "with all of them busy)";
+    if (!sharing) {
+      double fastest = 0, slowest = 0;
+      for (const auto& w : cluster_spec.workers()) {
+        const double v = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+        fastest = std::max(fastest, v);
+        slowest = slowest == 0 ? v : std::min(slowest, v);
+      }
+      why = absl::StrFormat("workers differ in speed (the slowest at %.2fx the fastest)",
+                            slowest / fastest);
+    }
+    plan->add_notes(absl::StrFormat("%s: the DP predicted %s worker(s); planned on %d", why,
+                                    absl::StrJoin(weighed, ", "), busy.size()));
   }
   return plan;
 }

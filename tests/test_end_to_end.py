@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import unittest
 import urllib.request
 
@@ -206,62 +207,117 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
 
 
-def pin(pid, cpu):
-    """Every thread of process `pid` onto `cpu` (threads it starts later
-    inherit the creating thread's affinity)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), {cpu})
-        except OSError:
-            pass  # a thread that ended meanwhile
+class CpuQuota:
+    """A cpu cgroup holding the processes put in it to `share` of one core,
+    enforced in periods of 4 ms: every burst of compute longer than the
+    quota is stretched, however idle the process is between bursts (busy
+    loops on its core would not do that: the scheduler serves a process
+    that sleeps between short bursts first). cgroup v1's cpu controller, or
+    v2's where the host runs v2 alone; OSError where neither can be made.
+    close() moves whatever is left to the parent and removes the group."""
+
+    PERIOD_US = 4000
+
+    def __init__(self, share):
+        self._stop = threading.Event()
+        self._thread = None
+        quota = int(self.PERIOD_US * share)
+        name = f"apapo-test-{os.getpid()}"
+        if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+            self.parent = "/sys/fs/cgroup/cpu"
+            self.path = os.path.join(self.parent, name)
+            os.mkdir(self.path)
+            try:
+                self._write("cpu.cfs_period_us", self.PERIOD_US)
+                self._write("cpu.cfs_quota_us", quota)
+            except OSError:
+                os.rmdir(self.path)
+                raise
+        else:
+            self.parent = "/sys/fs/cgroup"
+            with open(os.path.join(self.parent, "cgroup.controllers")) as f:
+                if "cpu" not in f.read().split():
+                    raise OSError("no cpu controller in cgroup v1 or v2")
+            self.path = os.path.join(self.parent, name)
+            os.mkdir(self.path)
+            try:
+                self._write("cpu.max", f"{quota} {self.PERIOD_US}")
+            except OSError:
+                os.rmdir(self.path)
+                raise
+
+    def _write(self, name, value, path=None):
+        with open(os.path.join(path or self.path, name), "w") as f:
+            f.write(f"{value}\n")
+
+    def add(self, pid):
+        """Moves process `pid`, all its threads, into the group (threads it
+        starts later are born in it)."""
+        self._write("cgroup.procs", pid)
+
+    def hold_stages(self, daemon_pid):
+        """From now on, every stage process daemon `daemon_pid` runs is put
+        in the group within 20 ms of its start (the daemon itself is not:
+        its share of the quota would land as idle time, not compute)."""
+        held = set()
+
+        def run():
+            while not self._stop.wait(0.02):
+                for pid in children_with(daemon_pid, "--run_assignment"):
+                    if pid not in held:
+                        try:
+                            self.add(pid)
+                            held.add(pid)
+                        except OSError:
+                            pass  # ended meanwhile
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            left = f.read().split()
+        for pid in left:
+            try:
+                self._write("cgroup.procs", pid, self.parent)
+            except OSError:
+                pass  # ended meanwhile
+        os.rmdir(self.path)
 
 
 class ReplanOnMeasurementTest(unittest.TestCase):
     def test_a_worker_slowed_after_profiling_gets_less_work_after_a_restart(self):
-        """Once training starts, two busy loops share w-2's core (each stage
-        pinned to a core of its own): w-2 profiled at full speed and trains
-        at about a third of it. The check measures its compute at 2x the
-        plan's or more, the plan made on those figures gives it less of the
-        model (or none) and simulates above the running one, and with
+        """Once training starts, w-2's stage processes are held to a quarter
+        of a core by a cpu cgroup: w-2 profiled at full speed and trains at
+        a quarter of it or less. The check measures its compute at 2x the plan's or more,
+        the plan made on those figures gives it less of the model (or none)
+        and simulates above the running one, and with
         schedule.replan_on_measurement the job restarts on it after its
-        next checkpoint. The restarted attempt, under the same load, is
+        next checkpoint. The restarted attempt, under the same limit, is
         measured faster than the first; the job trains to the end and
         succeeds, the plan's notes say what it was planned on, and nothing
         is left running."""
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < 2:
-            self.skipTest("needs two CPUs: one per stage, the busy loops on w-2's")
-        c = Cluster(workers=2, coordinator_flags=("--growth_min_remaining=2s",))
-        hogs = []
         try:
-            s = spec(steps=1500)
-            s.model.builtin.hyper_parameters["hidden"].i = 1024
+            quota = CpuQuota(0.25)
+        except OSError as e:
+            self.skipTest(f"needs a cpu cgroup to slow w-2 after profiling: {e}")
+        c = Cluster(workers=2, coordinator_flags=("--growth_min_remaining=2s",))
+        try:
+            # Wide layers: each micro-batch's forward and backward computes
+            # for longer than the quota's 4 ms period, so the quota
+            # stretches the compute itself (shorter bursts slip between
+            # its throttles and the loss lands in waits the check does not
+            # attribute).
+            s = spec(steps=400)
+            s.model.builtin.hyper_parameters["hidden"].i = 2048
             s.schedule.replan_on_measurement = True
             s.checkpoint.every_steps = 50
             job_id = c.submit(s)
             daemons = {w: c.workers[w].proc.pid for w in ("w-1", "w-2")}
-            core = {"w-1": cpus[0], "w-2": cpus[1]}
+            quota.hold_stages(daemons["w-2"])
 
-            def pin_stages(old):
-                """Pins each worker's stage process not in `old` to its core
-                as soon as it starts; returns {worker: pid}."""
-                started = {}
-
-                def found():
-                    for w, daemon in daemons.items():
-                        if w not in started:
-                            new = [p for p in children_with(daemon, "--run_assignment")
-                                   if p not in old]
-                            if new:
-                                pin(new[0], core[w])
-                                started[w] = new[0]
-                    return len(started) == len(daemons)
-                t.wait_until(found, 300, "both workers' stage processes", interval=0.02)
-                return started
-            first = pin_stages(set())
-            for _ in range(2):
-                hogs.append(subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]))
-                os.sched_setaffinity(hogs[-1].pid, {core["w-2"]})
             def checks_until(n):
                 """The job's check events (WatchJob replays its events from
                 the first) once there are n, or the job ended."""
@@ -275,7 +331,10 @@ class ReplanOnMeasurementTest(unittest.TestCase):
                 c.watch_until(job_id, checked, timeout=300)
                 return seen
             checks = checks_until(1)
-            print("\n" + checks[0], flush=True)
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
+            print("\n" + checks[0] + "\nthe first plan: " + "; ".join(
+                f"{','.join(st.node_ids)} on {','.join(p.worker_id for p in st.placement)}, "
+                f"{st.compute_seconds:.4f} s" for st in plan.stages), flush=True)
             self.assertEqual(len(checks), 1)
             factors = dict((w, float(x)) for x, w in
                            re.findall(r"x([0-9.]+) on (w-[0-9]+)", checks[0]))
@@ -283,8 +342,6 @@ class ReplanOnMeasurementTest(unittest.TestCase):
             self.assertGreater(factors["w-2"], factors.get("w-1", 1.0), checks[0])
             self.assertRegex(checks[0], r"restarting on it after the checkpoint of step "
                                         r"[0-9]+$")
-            # The restart's stages, pinned as the first's, under the same load.
-            second = pin_stages(set(first.values()))
             checks = checks_until(2)
             self.assertEqual(len(checks), 2, checks)
             print(checks[1], flush=True)
@@ -292,12 +349,9 @@ class ReplanOnMeasurementTest(unittest.TestCase):
                                    x).group(1)) for x in checks]
             self.assertGreater(rate[1], 1.05 * rate[0], checks)
             self.assertNotIn("restarting", checks[1])  # once per job
-            for h in hogs:
-                h.kill()
-                h.wait()
             job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
             self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
-            self.assertGreaterEqual(job.progress.step, 1500)
+            self.assertGreaterEqual(job.progress.step, 400)
             self.assertEqual(job.restarts, 1)
             self.assertTrue(job.restart_history[0].cause.startswith(
                 "re-planned on the run's measurement: predicted "), job.restart_history[0])
@@ -305,7 +359,6 @@ class ReplanOnMeasurementTest(unittest.TestCase):
             plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
             self.assertTrue(any(n.startswith("planned on what the run measured: ")
                                 for n in plan.notes), list(plan.notes))
-            self.assertTrue(second)
             # Nothing of either attempt is left running.
             t.wait_until(lambda: not t.child_processes(set(daemons.values()),
                                                        "--run_assignment"), 60,
@@ -313,11 +366,8 @@ class ReplanOnMeasurementTest(unittest.TestCase):
             t.wait_until(lambda: set(c.worker_states().values()) ==
                          {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
         finally:
-            for h in hogs:
-                if h.poll() is None:
-                    h.kill()
-                    h.wait()
             c.close()
+            quota.close()
 
 
 class WorkerHostTest(unittest.TestCase):
@@ -353,7 +403,7 @@ class ProfilingCrashTest(unittest.TestCase):
         try:
             s = spec(steps=50, workers=1)
             # Wide layers, so that profiling lasts long enough to be caught.
-            s.model.builtin.hyper_parameters["hidden"].i = 4096
+            s.model.builtin.hyper_parameters["hidden"].i = 2048
             s.model.builtin.hyper_parameters["layers"].i = 6
             daemon = c.workers["w-1"].proc.pid
             job_id = c.submit(s)
