@@ -561,15 +561,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeGrowthRequests() {
         a.spec.resources().worker_selector().begin(),
         a.spec.resources().worker_selector().end());
     std::vector<std::string> idle = registry_->IdleMatching(
-        max_workers - static_cast<int>(a.workers.size()) +
-            static_cast<int>(a.measured_out.size()),
-        selector);
-    idle.erase(std::remove_if(idle.begin(), idle.end(),
-                              [&](const std::string& w) { return a.measured_out.count(w); }),
-               idle.end());
-    if (static_cast<int>(idle.size()) > max_workers - static_cast<int>(a.workers.size())) {
-      idle.resize(max_workers - a.workers.size());
-    }
+        max_workers - static_cast<int>(a.workers.size()), selector, a.measured_out);
     if (idle.empty()) continue;
     // The newcomers, as the planner sees them: like the job's first worker,
     // over the slowest link measured (none measured: the assumed one).
@@ -640,7 +632,7 @@ void Scheduler::CommitGrowth(const PlanRequest& request,
       a.spec.resources().worker_selector().begin(),
       a.spec.resources().worker_selector().end());
   std::vector<std::string> joined = registry_->ReserveUpTo(
-      a.id, static_cast<int>(request.candidates.size()), selector);
+      a.id, static_cast<int>(request.candidates.size()), selector, a.measured_out);
   if (joined.empty()) return;
   absl::StatusOr<apapo::v1::Job> job = jobs_->Get(a.id);
   const int64_t step = job.ok() ? job->progress().step() : 0;

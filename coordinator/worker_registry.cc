@@ -294,26 +294,31 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::Reserve(
 }
 
 std::vector<std::string> WorkerRegistry::IdleMatching(
-    int max_count, const std::map<std::string, std::string>& selector) {
+    int max_count, const std::map<std::string, std::string>& selector,
+    const std::set<std::string>& exclude) {
   absl::ReaderMutexLock lock(&mu_);
-  return MatchingIdleLocked(max_count, selector);
+  return MatchingIdleLocked(max_count, selector, exclude);
 }
 
 std::vector<std::string> WorkerRegistry::ReserveUpTo(
     const std::string& job_id, int max_count,
-    const std::map<std::string, std::string>& selector) {
+    const std::map<std::string, std::string>& selector,
+    const std::set<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> chosen = MatchingIdleLocked(max_count, selector);
+  std::vector<std::string> chosen = MatchingIdleLocked(max_count, selector, exclude);
   TakeLocked(job_id, chosen);
   return chosen;
 }
 
 std::vector<std::string> WorkerRegistry::MatchingIdleLocked(
-    int max_count, const std::map<std::string, std::string>& selector) {
+    int max_count, const std::map<std::string, std::string>& selector,
+    const std::set<std::string>& exclude) {
   std::vector<std::string> chosen;
   for (const auto& [order, id] : idle_) {
     if (static_cast<int>(chosen.size()) >= max_count) break;
-    if (Matches(workers_.at(id).status.info(), selector)) chosen.push_back(id);
+    if (!exclude.count(id) && Matches(workers_.at(id).status.info(), selector)) {
+      chosen.push_back(id);
+    }
   }
   return chosen;
 }

@@ -37,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,13 +167,17 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<std::string>> Reserve(
       const std::string& job_id, int count,
       const std::map<std::string, std::string>& selector);
-  // Up to `max_count` idle workers matching `selector`, not reserved.
+  // Up to `max_count` idle workers matching `selector`, none of `exclude`,
+  // not reserved.
   std::vector<std::string> IdleMatching(
-      int max_count, const std::map<std::string, std::string>& selector);
-  // Takes up to `max_count` idle workers matching `selector` (maybe none).
+      int max_count, const std::map<std::string, std::string>& selector,
+      const std::set<std::string>& exclude = {});
+  // Takes up to `max_count` idle workers matching `selector`, none of
+  // `exclude` (maybe none).
   std::vector<std::string> ReserveUpTo(
       const std::string& job_id, int max_count,
-      const std::map<std::string, std::string>& selector);
+      const std::map<std::string, std::string>& selector,
+      const std::set<std::string>& exclude = {});
   // Returns the job's workers (or just `worker_ids` of them) to idle.
   void Release(const std::string& job_id,
                const std::vector<std::string>& worker_ids = {});
@@ -216,11 +221,11 @@ class WorkerRegistry {
   std::function<void()> MarkLostLocked(Entry& entry, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   apapo::v1::WorkerStatus StatusOf(const Entry& entry) const;
-  // Up to `max_count` idle workers matching `selector`, in registration
-  // order; TakeLocked reserves them for `job_id`.
+  // Up to `max_count` idle workers matching `selector`, none of `exclude`,
+  // in registration order; TakeLocked reserves them for `job_id`.
   std::vector<std::string> MatchingIdleLocked(
-      int max_count, const std::map<std::string, std::string>& selector)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      int max_count, const std::map<std::string, std::string>& selector,
+      const std::set<std::string>& exclude = {}) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void TakeLocked(const std::string& job_id,
                   const std::vector<std::string>& worker_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

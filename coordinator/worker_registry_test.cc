@@ -161,6 +161,10 @@ TEST_F(WorkerRegistryTest, ReserveHonoursSelectorAndCountThenRelease) {
   auto all = registry_.Reserve("j3", 3, {});
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(*all, (std::vector<std::string>{"a", "b", "c"}));
+  // Workers a job excludes are neither offered nor taken.
+  registry_.Release("j3");
+  EXPECT_EQ(registry_.IdleMatching(3, {}, {"a"}), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(registry_.ReserveUpTo("j4", 1, {}, {"a"}), (std::vector<std::string>{"b"}));
 }
 
 TEST_F(WorkerRegistryTest, CommandsArePushedToTheStreamInOrderWithIds) {

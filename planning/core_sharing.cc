@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -52,7 +53,7 @@ std::vector<double> SpeedsUnderLoad(const apapo::v1::ClusterSpec& cluster,
   }
   std::vector<double> speeds;
   for (const auto& w : cluster.workers()) {
-    double speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+    double speed = SpeedOf(w);
     if (Shares(w)) {
       speed *= ShareOfCores(w.core_set_size(), std::max(1, w.threads()),
                             std::max(1, busy_in[w.core_set()]), w.threads_elsewhere());
@@ -104,23 +105,34 @@ std::vector<std::vector<int>> CoreSharingSubsets(
   return subsets;
 }
 
-std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster) {
-  std::vector<double> speed;
+double SpeedOf(const apapo::v1::WorkerResources& worker) {
+  return worker.relative_speed() > 0 ? worker.relative_speed() : 1.0;
+}
+
+double SlowestOverFastest(const apapo::v1::ClusterSpec& cluster) {
+  if (cluster.workers().empty()) return 1.0;
   double fastest = 0;
+  double slowest = std::numeric_limits<double>::infinity();
   for (const auto& w : cluster.workers()) {
-    speed.push_back(w.relative_speed() > 0 ? w.relative_speed() : 1.0);
-    fastest = std::max(fastest, speed.back());
+    fastest = std::max(fastest, SpeedOf(w));
+    slowest = std::min(slowest, SpeedOf(w));
   }
+  return slowest / fastest;
+}
+
+std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster) {
   std::vector<std::vector<int>> subsets;
+  if (SlowestOverFastest(cluster) >= kSlowWorker) return subsets;
+  double fastest = 0;
+  for (const auto& w : cluster.workers()) fastest = std::max(fastest, SpeedOf(w));
   std::set<std::vector<int>> seen;
   for (double at : {0.0, kSlowWorker, 0.5, 0.25}) {
     std::vector<int> subset;
-    for (int i = 0; i < static_cast<int>(speed.size()); ++i) {
-      if (speed[i] >= at * fastest) subset.push_back(i);
+    for (int i = 0; i < cluster.workers_size(); ++i) {
+      if (SpeedOf(cluster.workers(i)) >= at * fastest) subset.push_back(i);
     }
     if (seen.insert(subset).second) subsets.push_back(std::move(subset));
   }
-  if (subsets.size() == 1) subsets.clear();  // all within kSlowWorker
   return subsets;
 }
 

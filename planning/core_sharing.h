@@ -74,6 +74,11 @@ std::vector<std::vector<int>> CoreSharingSubsets(
 inline constexpr double kSlowWorker = 0.8;
 std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster);
 
+// A worker's relative_speed, 1 where unset.
+double SpeedOf(const apapo::v1::WorkerResources& worker);
+// The slowest worker's speed over the fastest's; 1 without workers.
+double SlowestOverFastest(const apapo::v1::ClusterSpec& cluster);
+
 // `cluster` restricted to `subset` (indices): its workers, each at its
 // speed under that load (SpeedsUnderLoad) with its core set cleared (the
 // share is applied), the links among them, the network levels re-inferred

@@ -47,7 +47,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   double memory = 0;
   bool heterogeneous = false;
   for (const auto& w : spec.workers()) {
-    double speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+    double speed = SpeedOf(w);
     cluster.speeds.push_back(speed);
     heterogeneous |= speed != 1.0;
     if (w.memory_bytes() > 0) {
@@ -268,14 +268,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
         "workers share cores (their core sets hold fewer cores than threads "
         "with all of them busy)";
     if (!sharing) {
-      double fastest = 0, slowest = 0;
-      for (const auto& w : cluster_spec.workers()) {
-        const double v = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
-        fastest = std::max(fastest, v);
-        slowest = slowest == 0 ? v : std::min(slowest, v);
-      }
       why = absl::StrFormat("workers differ in speed (the slowest at %.2fx the fastest)",
-                            slowest / fastest);
+                            SlowestOverFastest(cluster_spec));
     }
     plan->add_notes(absl::StrFormat("%s: the DP predicted %s worker(s); planned on %d", why,
                                     absl::StrJoin(weighed, ", "), busy.size()));
