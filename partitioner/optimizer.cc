@@ -1089,15 +1089,17 @@ int DefaultMicroBatches(const PlannerOptions& options,
 // period per micro-batch is R_s * T / m (T: the bottleneck stage time per
 // mini-batch). So that those waits overlap other micro-batches' compute,
 // as the stage times assume, d_s gets ceil(2 * sum x_t / period) more
-// micro-batches. Each extra micro-batch costs a stashed weight version and
-// one update of staleness, which costs accuracy (the README's mlp lost 0.64
-// point at staleness 2 against 0.0-0.2 at 1), so a round trip under
-// kMinRoundTripShare of a period, which could gain at most that share of
-// throughput, is left to the slack of the non-bottleneck stages (on
-// loopback the mlp's is ~6% on a fast machine). It stays within
-// max_in_flight.
-// Where `allowed` is false (PlannerOptions::deepen_for_links), the depth is
-// only named in a note.
+// micro-batches. A replica running k = m / R_s micro-batches a mini-batch
+// computes on weights ceil((d_s - 1) / k) updates old
+// (schedule::MaxInFlightForStaleness), so up to (NOAM_s - 1) k + 1 keeps
+// the staleness NOAM's depth has with whole mini-batches: that much is
+// always allowed. Beyond it each micro-batch more costs staleness, which
+// costs accuracy (the mlp at 100 Mbit/s lost 0.9-1.2 point at 3 updates
+// against 1), so only where `allowed` (PlannerOptions::deepen_for_links),
+// within max_in_flight; otherwise a note names the depth and the staleness
+// it would take. A round trip under kMinRoundTripShare of a period, which
+// could gain at most that share of throughput, is left to the slack of the
+// non-bottleneck stages (on loopback the mlp's is ~6% on a fast machine).
 void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
                              bool allowed, schedule::ScheduleOptions* sched,
                              Plan* plan) {
@@ -1106,28 +1108,38 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
   std::vector<int> depth(p, 0);
   bool deeper = false;
   double round_trip = 0;  // 2 * sum_{t >= s} x_t, built from the end
+  schedule::ScheduleOptions whole = *sched;  // NOAM's depth, no bound
+  whole.max_in_flight = 0;
+  whole.in_flight_depth.clear();
   for (int s = p - 2; s >= 0; --s) {
     const StagePlan& st = plan->stages[s];
     if (st.output_bandwidth > 0) {
       round_trip += 2.0 * st.output_bytes / st.output_bandwidth;
     }
-    const double period =
-        st.replicas * bottleneck_seconds / std::max(1, micro_batches);
+    const int m = std::max(1, micro_batches);
+    const double period = st.replicas * bottleneck_seconds / m;
     constexpr double kMinRoundTripShare = 0.15;
     const double share = round_trip / period;
     const int extra =
         share < kMinRoundTripShare ? 0 : static_cast<int>(std::ceil(share - 0.05));
     if (extra <= 0) continue;
     const int base = schedule::InFlightDepth(*sched, s);
-    int d = base + extra;
-    if (!allowed) {
+    const int want = base + extra;
+    // Micro-batches this replica runs a mini-batch, and what NOAM's depth
+    // costs in staleness with whole mini-batches.
+    const int k = std::max(1, m / std::max(1, st.replicas));
+    const int noam = schedule::InFlightDepth(whole, s);
+    const int natural = (noam - 1) * k + 1;
+    int d = want;
+    if (!allowed && want > natural) {
       plan->notes.push_back(absl::StrFormat(
           "stage %d would need %d micro-batches in flight (default %d) to "
           "cover %.3g ms of transfers there and back per micro-batch (period "
           "%.3g ms): schedule.max_staleness: %d allows it (apapo-partition: "
           "--max_in_flight=%d), each update of staleness at some accuracy",
-          s, d, base, 1e3 * round_trip, 1e3 * period, d - 1, d));
-      continue;
+          s, want, base, 1e3 * round_trip, 1e3 * period, (want - 2) / k + 1,
+          want));
+      d = natural;
     }
     if (sched->max_in_flight > 0) d = std::min(d, sched->max_in_flight);
     if (d <= base) continue;
@@ -1136,8 +1148,14 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
     plan->notes.push_back(absl::StrFormat(
         "stage %d keeps %d micro-batches in flight (default %d) to cover "
         "%.3g ms of transfers there and back per micro-batch (period "
-        "%.3g ms)",
-        s, d, base, 1e3 * round_trip, 1e3 * period));
+        "%.3g ms)%s",
+        s, d, base, 1e3 * round_trip, 1e3 * period,
+        d <= natural && k > 1
+            ? absl::StrFormat(": %d micro-batches a mini-batch keep it at %d "
+                              "update(s) of staleness, as %d in flight would "
+                              "with whole mini-batches",
+                              k, (d - 2) / k + 1, noam)
+            : std::string()));
   }
   if (!deeper) return;
   sched->in_flight_depth = depth;
@@ -1176,6 +1194,7 @@ void BoundByInFlightDepth(int micro_batches, Plan* plan) {
           s, st.in_flight, 1e3 * downstream, 1e3 * round_trip, 1e3 * bound,
           1e3 * plan->bottleneck_seconds));
       plan->bottleneck_seconds = bound;
+      plan->depth_bound = true;
     }
   }
 }
@@ -1201,6 +1220,13 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   sched.micro_batches_per_iteration = plan->micro_batches;
   sched.num_iterations = 1;
   sched.max_in_flight = options.max_in_flight;
+  if (const int bound = schedule::MaxInFlightForStaleness(
+          options.max_staleness, plan->micro_batches, replicas);
+      bound > 0) {
+    sched.max_in_flight = sched.max_in_flight > 0
+                              ? std::min(sched.max_in_flight, bound)
+                              : bound;
+  }
   if (absl::Status s = schedule::ValidateScheduleOptions(sched); !s.ok()) {
     return s;
   }

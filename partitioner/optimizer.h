@@ -107,11 +107,20 @@ struct PlannerOptions {
   // the in-flight depth.
   int micro_batches = 0;
   int max_in_flight = 0;  // see schedule::ScheduleOptions
-  // kAsync, kApapo cost model: whether a stage may keep more micro-batches
-  // in flight than NOAM's depth to hide its links' round trips (up to
-  // max_in_flight). Each one more is an update more of staleness, which
-  // costs accuracy, so the coordinator allows it only where the spec sets
-  // max_staleness; otherwise a plan note names the depth it would take.
+  // Bound on every stage's gradient delay, in updates (< 0: none): with the
+  // plan's micro-batches it bounds the depth as
+  // schedule::MaxInFlightForStaleness does (and max_in_flight, when both
+  // are set, whichever is lower).
+  int max_staleness = -1;
+  // kAsync, kApapo cost model: a stage keeps more micro-batches in flight
+  // than NOAM's depth where that hides its links' round trips. Within the
+  // staleness NOAM's depth has with whole mini-batches (stage s of p
+  // unreplicated: p - 1 - s updates) it always may: with m micro-batches a
+  // mini-batch, m - 1 more cost no staleness. Beyond that only when this is
+  // set (up to max_in_flight / max_staleness): each update more of
+  // staleness costs accuracy, so the coordinator sets it only where the
+  // spec sets max_staleness; otherwise a plan note names the depth it would
+  // take.
   bool deepen_for_links = true;
   // Exactly this many pipeline stages (0: the planner chooses). The DP then
   // keeps, per state and unit count, the best for every count up to it
@@ -199,6 +208,10 @@ struct Plan {
   double samples_per_second = 0;
   double bubble_fraction = 0;
   double single_worker_seconds = 0;  // everything on one speed-1 worker
+  // kAsync: whether a stage's in-flight depth, not its time, sets the pace
+  // (its micro-batches in flight do not cover their transfers' round trips:
+  // the staleness bound or memory kept it shallower).
+  bool depth_bound = false;
   // Search statistics.
   int num_states = 0;     // DP states at the final level
   bool exact = true;      // false if the state space was coarsened

@@ -538,14 +538,84 @@ apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t row
   return profile;
 }
 
-// Auto runs 1F1B with flushes where a slow link binds and its 8
-// micro-batches keep the link busy, predicted >= 1.1x the async plan; the
-// async schedule everywhere else, and where the flush's 16-row
-// micro-batches compute too slowly per row to gain that much.
+// Where a slow link binds a 2-stage pipeline, the async schedule on whole
+// mini-batches keeps 2 in flight, which do not cover the link's round
+// trips; m micro-batches a mini-batch let stage 0 keep up to m + 1 at the
+// same staleness (one update), each at its rows' measured cost. Auto takes
+// them where predicted >= 1.1x, and leaves a spec's micro_batches alone.
+TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  const auto note = [](const apapo::v1::Plan& plan) {
+    for (const std::string& n : plan.notes()) {
+      if (absl::StartsWith(n, "micro-batches:")) return n;
+    }
+    return std::string("(none)");
+  };
+  // 10 MB/s: 1 MiB each way per mini-batch against 60 ms of compute a
+  // stage.
+  auto slow = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*slow);
+  ASSERT_EQ(slow->stages_size(), 2);
+  EXPECT_GT(slow->micro_batches(), 1) << note(*slow);
+  EXPECT_GT(slow->stages(0).in_flight_depth(), 2);
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("at the same staleness"));
+  const double whole_rate =
+      slow->prediction().alternatives_samples_per_second().at("async");
+  EXPECT_GT(slow->prediction().samples_per_second(), 1.1 * whole_rate);
+  // The workers run it one update stale, as whole mini-batches would.
+  absl::StatusOr<StagePlan> runnable = StagePlanFor(spec, *slow);
+  ASSERT_TRUE(runnable.ok()) << runnable.status();
+  EXPECT_EQ(runnable->schedule.micro_batches_per_iteration, slow->micro_batches());
+  EXPECT_EQ(schedule::InFlightDepth(runnable->schedule, 0),
+            slow->stages(0).in_flight_depth());
+  EXPECT_EQ(schedule::AnalyzeStage(runnable->schedule, 0)->max_staleness, 1);
+
+  // Micro-batches too dear per row (16 rows at 3x, 32 at 2.5x): kept whole,
+  // and the note says what the best would have given.
+  auto costly =
+      planner.MakePlan(spec, WithRowCost(ChainProfile(), 16, 3.0), TwoWorkers(1e7));
+  ASSERT_TRUE(costly.ok()) << costly.status();
+  EXPECT_EQ(costly->micro_batches(), 1) << note(*costly);
+  EXPECT_THAT(note(*costly), ::testing::HasSubstr("kept"));
+
+  // 1 GB/s: 2 ms of round trip in a 122 ms cycle; micro-batches gain
+  // nothing and go unmentioned.
+  auto lan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  ASSERT_TRUE(lan.ok()) << lan.status();
+  EXPECT_EQ(lan->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC);
+  EXPECT_EQ(lan->micro_batches(), 1);
+  EXPECT_EQ(note(*lan), "(none)");
+
+  // micro_batches asked for is kept; max_staleness 0 leaves nothing to hide
+  // the link with at any m.
+  apapo::v1::JobSpec asked = spec;
+  asked.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  asked.mutable_schedule()->set_micro_batches(1);
+  auto kept = planner.MakePlan(asked, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->micro_batches(), 1);
+  asked.mutable_schedule()->clear_micro_batches();
+  asked.mutable_schedule()->set_max_staleness(0);
+  auto fresh = planner.MakePlan(asked, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->micro_batches(), 1);
+  EXPECT_EQ(fresh->stages(0).in_flight_depth(), 0);
+}
+
+// Auto runs 1F1B with flushes where it is predicted >= 1.1x the async
+// plan: with a staleness bound of 0 (async keeps one micro-batch in
+// flight) across a slow link; not where its micro-batches compute too
+// slowly per row to gain that much. With the natural staleness the async
+// schedule's micro-batches hide the link (above) and the flush's bubble
+// loses.
 TEST(PartitionerPlannerTest, AutoFlushesOnlyWherePredictedTenPercentFaster) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec;
   spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_max_staleness(0);
   const auto note = [](const apapo::v1::Plan& plan) {
     for (const std::string& n : plan.notes()) {
       if (absl::StartsWith(n, "schedule auto")) return n;
@@ -553,41 +623,34 @@ TEST(PartitionerPlannerTest, AutoFlushesOnlyWherePredictedTenPercentFaster) {
     return std::string("(none)");
   };
 
-  // 10 MB/s: 1 MiB each way per mini-batch against 60 ms of compute a
-  // stage.
   auto slow = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(slow->schedule(), apapo::v1::SCHEDULE_KIND_1F1B_FLUSH) << note(*slow);
   EXPECT_EQ(slow->stages_size(), 2);
   EXPECT_EQ(slow->micro_batches(), 8);
-  const double async_rate =
-      slow->prediction().alternatives_samples_per_second().at("async");
-  EXPECT_GT(slow->prediction().samples_per_second(), 1.1 * async_rate);
   EXPECT_THAT(note(*slow), ::testing::HasSubstr("1F1B with flushes, 8 micro-batches"));
   // Its placement runs as a schedule the workers accept.
   absl::StatusOr<StagePlan> runnable = StagePlanFor(spec, *slow);
   ASSERT_TRUE(runnable.ok()) << runnable.status();
   EXPECT_EQ(runnable->schedule.kind, apapo::schedule::ScheduleKind::k1F1BFlush);
 
-  // 30 MB/s: the flush gains 1.25x at one cost per row; with 16-row
-  // micro-batches at 1.3x the per-row cost it would lose, and auto stays
-  // async.
-  auto fast = planner.MakePlan(spec, ChainProfile(), TwoWorkers(3e7));
-  ASSERT_TRUE(fast.ok()) << fast.status();
-  EXPECT_EQ(fast->schedule(), apapo::v1::SCHEDULE_KIND_1F1B_FLUSH) << note(*fast);
-  auto costly = planner.MakePlan(spec, WithRowCost(ChainProfile(), 16, 1.3), TwoWorkers(3e7));
+  // With 16-row micro-batches at 3x the per-row cost the flush loses.
+  auto costly =
+      planner.MakePlan(spec, WithRowCost(ChainProfile(), 16, 3.0), TwoWorkers(1e7));
   ASSERT_TRUE(costly.ok()) << costly.status();
   EXPECT_EQ(costly->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*costly);
   EXPECT_THAT(note(*costly), ::testing::HasSubstr("1.10x needed to choose it"));
   EXPECT_LT(costly->prediction().alternatives_samples_per_second().at("1f1b_flush"),
-            costly->prediction().samples_per_second());
+            1.1 * costly->prediction().samples_per_second());
 
-  // 1 GB/s: compute binds, and the async schedule has no flush bubble.
-  auto lan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
-  ASSERT_TRUE(lan.ok()) << lan.status();
-  EXPECT_EQ(lan->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*lan);
+  // The natural staleness: the async schedule's micro-batches win.
+  spec.mutable_schedule()->clear_max_staleness();
+  auto natural = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(natural.ok()) << natural.status();
+  EXPECT_EQ(natural->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC) << note(*natural);
 
   // A schedule asked for is kept, however slow the link.
+  spec.mutable_schedule()->set_max_staleness(0);
   spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
   auto asked = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
   ASSERT_TRUE(asked.ok()) << asked.status();

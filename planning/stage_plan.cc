@@ -8,10 +8,11 @@
 
 namespace apapo::planning {
 
-int MaxInFlight(const apapo::v1::JobSpec& spec) {
-  // Stage 0's gradient delay is its in-flight depth minus one.
+int MaxInFlight(const apapo::v1::JobSpec& spec, int micro_batches,
+                const std::vector<int>& replicas) {
   return spec.schedule().has_max_staleness()
-             ? spec.schedule().max_staleness() + 1
+             ? schedule::MaxInFlightForStaleness(
+                   spec.schedule().max_staleness(), micro_batches, replicas)
              : 0;
 }
 
@@ -113,7 +114,8 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
   if (deeper) out.schedule.in_flight_depth = depths;
   out.schedule.micro_batches_per_iteration =
       MicroBatches(spec, plan.micro_batches(), *kind, replicas);
-  out.schedule.max_in_flight = MaxInFlight(spec);
+  out.schedule.max_in_flight =
+      MaxInFlight(spec, out.schedule.micro_batches_per_iteration, replicas);
   // SplitLinearLayers checks the splits against the model.
   for (const apapo::v1::LayerSplit& split : plan.splits()) {
     out.splits.emplace_back(split.node_id(), split.parts());

@@ -7,7 +7,8 @@
 //   * micro-batches per iteration m: the plan's, else the spec's, else the
 //     schedule's default (schedule::DefaultMicroBatches);
 //   * in-flight bound: spec.schedule.max_staleness s gives max_in_flight
-//     s + 1 (stage 0's gradient delay is its in-flight depth minus one);
+//     s x k + 1, k = max(1, m / the most replicas of a stage): a stage's
+//     gradient delay in updates is (its in-flight depth - 1) / k, rounded up;
 //   * ranks are numbered stage-major: stage 0's replicas first.
 //
 // Thread-safety: pure functions and value types.
@@ -26,9 +27,12 @@
 
 namespace apapo::planning {
 
-// The in-flight bound `spec` asks for (ScheduleOptions::max_in_flight):
-// max_staleness + 1 when set, else 0 (the schedule's default depth).
-int MaxInFlight(const apapo::v1::JobSpec& spec);
+// The in-flight bound `spec` asks for (ScheduleOptions::max_in_flight) with
+// `micro_batches` per iteration and `replicas` per stage (empty: one each):
+// schedule::MaxInFlightForStaleness of max_staleness when set, else 0 (the
+// schedule's default depth).
+int MaxInFlight(const apapo::v1::JobSpec& spec, int micro_batches,
+                const std::vector<int>& replicas);
 
 // Micro-batches per iteration for a job with `kind` and `replicas` per
 // stage: `planned` when > 0 (the plan's), else spec.schedule.micro_batches

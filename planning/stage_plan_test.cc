@@ -62,8 +62,16 @@ TEST(StagePlanTest, MicroBatchesPlanThenSpecThenDefault) {
 
 TEST(StagePlanTest, MaxStalenessBoundsInFlight) {
   const auto spec = Spec("data { batch_size: 8 } schedule { max_staleness: 0 }");
-  EXPECT_EQ(MaxInFlight(spec), 1);
-  EXPECT_EQ(MaxInFlight(Spec("")), 0);
+  EXPECT_EQ(MaxInFlight(spec, 1, {}), 1);
+  EXPECT_EQ(MaxInFlight(Spec(""), 1, {}), 0);
+  // The bound is in updates: m micro-batches a mini-batch on one replica
+  // keep m more in flight per update of staleness; replicas share them.
+  const auto one = Spec("data { batch_size: 8 } schedule { max_staleness: 1 }");
+  EXPECT_EQ(MaxInFlight(one, 1, {1, 1}), 2);
+  EXPECT_EQ(MaxInFlight(one, 4, {1, 1}), 5);
+  EXPECT_EQ(MaxInFlight(one, 4, {2, 1}), 3);
+  EXPECT_EQ(MaxInFlight(one, 2, {2, 2}), 2);
+  EXPECT_EQ(MaxInFlight(spec, 4, {1, 1}), 1);
   auto sp = StagePlanFor(spec, ParsePlan(R"(stages { node_ids: "a" }
                                            stages { node_ids: "b" })"));
   ASSERT_TRUE(sp.ok()) << sp.status();

@@ -199,6 +199,18 @@ int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
 // min(d_s, ceil(m / R_s)).
 int InFlightDepth(const ScheduleOptions& options, int stage);
 
+// The in-flight bound (ScheduleOptions::max_in_flight) that keeps every
+// stage's gradient delay within `max_staleness` updates (< 0: no bound, 0
+// returned) with `micro_batches` per iteration and `replicas` per stage
+// (empty: one each): max_staleness x k + 1, k = max(1, micro_batches / the
+// most replicas of a stage). A replica that runs k micro-batches of each
+// iteration and keeps d in flight computes on weights ceil((d - 1) / k)
+// updates old: whole mini-batches (k = 1) give PipeDream's d - 1, and
+// smaller micro-batches let a stage keep more in flight (to hide a slow
+// link's round trips) at the same staleness.
+int MaxInFlightForStaleness(int max_staleness, int micro_batches,
+                            const std::vector<int>& replicas);
+
 // Generates one stage replica's op sequence lazily.
 //
 //   auto program = StageProgram::Create(options, stage, replica);

@@ -235,6 +235,37 @@ TEST(AnalyzeStageTest, MaxInFlightBoundsStaleness) {
   EXPECT_EQ(stats->weight_versions, 3);
 }
 
+TEST(AnalyzeStageTest, MicroBatchesKeepMoreInFlightAtTheSameStaleness) {
+  // A replica running k micro-batches of each mini-batch with d in flight
+  // computes on weights ceil((d - 1) / k) updates old, and
+  // MaxInFlightForStaleness gives the deepest d within a bound.
+  for (int m : {1, 2, 4}) {
+    for (int d = 1; d <= 9; ++d) {
+      ScheduleOptions options = Options(ScheduleKind::kAsync, 2, m, 16);
+      options.in_flight_depth = {d, 0};
+      absl::StatusOr<StageScheduleStats> stats = AnalyzeStage(options, 0);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      EXPECT_EQ(stats->max_activations_in_flight, d) << "m=" << m << " d=" << d;
+      EXPECT_EQ(stats->max_staleness, (d - 1 + m - 1) / m)
+          << "m=" << m << " d=" << d;
+    }
+    for (int staleness = 0; staleness <= 3; ++staleness) {
+      const int bound = MaxInFlightForStaleness(staleness, m, {1, 1});
+      EXPECT_EQ(bound, staleness * m + 1);
+      ScheduleOptions options = Options(ScheduleKind::kAsync, 2, m, 16);
+      options.in_flight_depth = {bound, 0};
+      EXPECT_EQ(AnalyzeStage(options, 0)->max_staleness, staleness);
+      options.in_flight_depth = {bound + 1, 0};
+      EXPECT_EQ(AnalyzeStage(options, 0)->max_staleness, staleness + 1);
+    }
+  }
+  // Replicas share a mini-batch's micro-batches: 4 over 2 replicas are 2
+  // each, and 2 over 2 leave one each, as whole mini-batches do.
+  EXPECT_EQ(MaxInFlightForStaleness(1, 4, {2, 1}), 3);
+  EXPECT_EQ(MaxInFlightForStaleness(1, 2, {2, 2}), 2);
+  EXPECT_EQ(MaxInFlightForStaleness(-1, 4, {}), 0);
+}
+
 TEST(AnalyzeStageTest, AnAsyncStageCanRunDeeperThanTheDefault) {
   // Two stages: NOAM gives stage 0 two micro-batches in flight; asked for
   // four it stashes four versions and its gradients are three updates stale,

@@ -214,9 +214,13 @@ class ClusterLabTest(unittest.TestCase):
         # flight on stage 0) stage 0 waits for that round trip; keeping
         # ceil(round trip / period - 0.05) more in flight (1 or 2 by the
         # machine's speed that day) hides it, at that many updates more of
-        # staleness. A spec without max_staleness keeps the default depth
-        # and the plan names the one that would hide the link; a spec with
-        # max_staleness: 3 gets it.
+        # staleness. A spec of whole mini-batches (micro_batches: 1)
+        # without max_staleness keeps the default depth and the plan names
+        # the one that would hide the link; a spec with max_staleness: 3
+        # gets it. With two micro-batches a mini-batch and no
+        # max_staleness, stage 0 keeps 3 in flight: still one update stale,
+        # as 2 whole mini-batches are (whether the planner takes micro-batches
+        # by itself depends on their measured cost: partitioner_planner_test).
         self.lab("down")
         self.lab("up", "--hosts=2", "--racks=2", "--rack-rate=10gbit",
                  "--cross-rate=100mbit")
@@ -228,8 +232,9 @@ class ClusterLabTest(unittest.TestCase):
         number = r"([\d.]+(?:e[+-]\d+)?)"  # printed with 3 significant digits
         depths = {}
         for job, (schedule, steps) in enumerate(
-                (("kind: SCHEDULE_KIND_ASYNC", 20),
-                 ("kind: SCHEDULE_KIND_ASYNC max_staleness: 3", 60)), start=1):
+                (("kind: SCHEDULE_KIND_ASYNC micro_batches: 1", 20),
+                 ("kind: SCHEDULE_KIND_ASYNC micro_batches: 1 max_staleness: 3", 60),
+                 ("kind: SCHEDULE_KIND_ASYNC micro_batches: 2", 40)), start=1):
             spec = os.path.join(t.temp_dir("lab-"), "mlp.textproto")
             with open(spec, "w") as f:
                 # The planner's own choice of stages (the spec forces 2).
@@ -246,6 +251,9 @@ class ClusterLabTest(unittest.TestCase):
             r = subprocess.run(self.on(1, ctl + ["plan", f"job-00000{job}"]),
                                capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stderr)
+            if job == 3:
+                self.check_micro_batches_hide_the_link(ctl, r.stdout)
+                continue
             verb = "would need" if job == 1 else "keeps"
             note = re.search(rf"note: stage 0 {verb} (\d+) micro-batches in flight "
                              rf"\(default 2\) to cover {number} ms of transfers there and "
@@ -289,6 +297,22 @@ class ClusterLabTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertRegex(r.stdout, rf"max_staleness: {1 if job == 1 else depth - 1}\b",
                              r.stdout)
+
+    def check_micro_batches_hide_the_link(self, ctl, plan):
+        """Job 3: two micro-batches a mini-batch, the natural staleness."""
+        note = re.search(r"note: stage 0 keeps 3 micro-batches in flight \(default 2\) to "
+                         r"cover [\d.e+]+ ms of transfers there and back per micro-batch "
+                         r"\(period [\d.e+]+ ms\): 2 micro-batches a mini-batch keep it "
+                         r"at 1 update\(s\) of staleness, as 2 in flight would with whole "
+                         r"mini-batches", plan)
+        self.assertIsNotNone(note, plan)
+        self.assertRegex(plan, r"2 stage\(s\) on 2 worker\(s\), schedule async, "
+                               r"2 micro-batches, in-flight 3\b", plan)
+        # The run: stage 0 one update stale, as with whole mini-batches.
+        r = subprocess.run(self.on(1, ctl + ["get", "job-000003"]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"max_staleness: 1\b", r.stdout)
 
     def test_a_worker_whose_link_is_cut_is_replanned_around(self):
         # Three hosts in one rack: the coordinator alone on host 1, w-1 on

@@ -112,6 +112,9 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
     apapo::v1::Stage* stage = plan.add_stages();
     for (const std::string& id : (*split)[s]) stage->add_node_ids(id);
     stage->set_replicas(sched.Replicas(s));
+    if (!sched.in_flight_depth.empty()) {
+      stage->set_in_flight_depth(sched.in_flight_depth[s]);
+    }
     world += sched.Replicas(s);
   }
   auto stage_plan = planning::StagePlanFor(job, plan);

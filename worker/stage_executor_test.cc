@@ -308,6 +308,24 @@ TEST(ThroughputTest, EveryReplicaMarksTheEndOfItsWarmUp) {
   }
 }
 
+// Micro-batches keep more in flight at the same staleness: stage 0 running
+// two micro-batches of each mini-batch with three in flight computes on
+// weights one update old, as whole mini-batches with two in flight do; a
+// fourth in flight makes it two (schedule::MaxInFlightForStaleness).
+TEST(WeightStashingTest, MicroBatchesKeepMoreInFlightAtTheSameStaleness) {
+  Fixture f = MakeFixture();
+  for (const auto& [depth, staleness] : {std::pair{3, 1}, std::pair{4, 2}}) {
+    schedule::ScheduleOptions sched = AsyncTwoStages(2);
+    sched.in_flight_depth = {depth, 0};
+    PipelineResult got = RunPipeline(f, sched, Sgd(), 8);
+    for (const auto& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(got.reports.size(), 2u);
+    EXPECT_EQ(got.reports[0].max_staleness, staleness) << "depth " << depth;
+    EXPECT_EQ(got.reports[1].max_staleness, 0) << "depth " << depth;
+    EXPECT_EQ(got.reports[0].samples, got.reports[1].samples);
+  }
+}
+
 // Weight stashing: under async, a stage-0 backward runs after newer weights
 // exist; it must differentiate the version its forward used. The gradients
 // it produced are recomputed here from the recorded inputs, received
