@@ -261,5 +261,42 @@ TEST(CoreSharingTest, AMuchSlowerWorkerIsLeftOutWhenTheRestAreFasterAlone) {
   EXPECT_THAT(placed, ElementsAre("w-1", "w-2"));
 }
 
+// Across a 10 MB/s link the whole-batch pipeline waits on its round trips
+// and predicts less than the faster worker alone; with micro-batches (up to
+// m + 1 in flight at one update of staleness) it predicts more. The subsets
+// are weighed with them, so both workers train.
+TEST(CoreSharingTest, SubsetsAreWeighedWithTheMicroBatchesThatHideALink) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  PartitionerPlanner planner;
+  apapo::v1::ClusterSpec slow = TwoAtSpeeds(0.75);
+  slow.mutable_levels(0)->set_bandwidth_bytes_per_second(1e7);
+  auto alone = planner.MakePlan(spec, Chain(), SubCluster(slow, {0}));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  apapo::v1::JobSpec whole = spec;
+  whole.mutable_schedule()->set_micro_batches(1);
+  whole.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  whole.mutable_schedule()->set_stages(2);
+  auto whole_plan = planner.MakePlan(whole, Chain(), slow);
+  ASSERT_TRUE(whole_plan.ok()) << whole_plan.status();
+  EXPECT_LT(whole_plan->prediction().samples_per_second(),
+            alone->prediction().samples_per_second());
+
+  auto plan = planner.MakePlan(spec, Chain(), slow);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::set<std::string> placed;
+  for (const auto& st : plan->stages()) {
+    for (const auto& r : st.placement()) placed.insert(r.worker_id());
+  }
+  EXPECT_THAT(placed, ElementsAre("w-1", "w-2"));
+  EXPECT_GT(plan->micro_batches(), 1);
+  EXPECT_GT(plan->prediction().samples_per_second(),
+            1.1 * alone->prediction().samples_per_second());
+  std::string notes;
+  for (const auto& n : plan->notes()) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("micro-batches: "));
+  EXPECT_THAT(notes, HasSubstr("planned on 2"));
+}
+
 }  // namespace
 }  // namespace apapo::planning

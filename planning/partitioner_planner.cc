@@ -73,6 +73,71 @@ absl::StatusOr<pt::Plan> PlanWith(const pt::Graph& graph,
   return pt::PlanPipeline(graph, cluster, options);
 }
 
+// The async schedule on whole mini-batches (m = 1 without replication)
+// keeps 1F1B's depth in flight; where that leaves a slow link's round trips
+// uncovered (plan->depth_bound), m micro-batches a mini-batch let a stage
+// keep up to m - 1 more in flight at the same staleness
+// (CoverTransferRoundTrips), each computing its rows at the cost measured
+// for its size (ModelProfile.micro_batch_costs). Weighed where the spec
+// leaves micro_batches unset: 2, 4 and 8 times the plan's m, where they
+// divide the batch into at least kMinMicroRows rows; taken at kMinMicroGain
+// over the whole mini-batches' prediction, and then `options` and `plan`
+// are replaced. Returns the note saying what was weighed (empty: nothing
+// worth saying). Measured (bench/cluster, 2026-12-04 17:00): the mlp at
+// 100 Mbit/s ran 1,289 samples/s as 2 x 64 with 3 in flight against 863 as
+// 1 x 128 with 2, both one update stale.
+std::string WeighMicroBatches(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
+                              const pt::Cluster& cluster, pt::PlannerOptions* options,
+                              pt::Plan* plan) {
+  constexpr int64_t kMinMicroRows = 16;
+  constexpr double kMinMicroGain = 1.10;
+  if (options->schedule != apapo::schedule::ScheduleKind::kAsync ||
+      spec.schedule().has_micro_batches() || !plan->depth_bound ||
+      plan->stages.size() < 2) {
+    return "";
+  }
+  const int64_t batch = spec.data().batch_size();
+  const double whole_rate = plan->samples_per_second;
+  const int whole_m = plan->micro_batches;
+  std::optional<pt::Plan> best;
+  pt::PlannerOptions best_options;
+  for (int f : {2, 4, 8}) {
+    const int64_t m = int64_t{whole_m} * f;
+    if (batch <= 0 || batch % m != 0 || batch / m < kMinMicroRows) continue;
+    pt::PlannerOptions o = *options;
+    o.micro_batches = static_cast<int>(m);
+    absl::StatusOr<pt::Plan> alt = PlanWith(graph, cluster, o);
+    if (alt.ok() && (!best || alt->samples_per_second > best->samples_per_second)) {
+      best = *std::move(alt);
+      best_options = o;
+    }
+  }
+  if (best && best->samples_per_second >= kMinMicroGain * whole_rate) {
+    int depth = 0;
+    for (const pt::StagePlan& st : best->stages) {
+      depth = std::max(depth, st.in_flight_depth);
+    }
+    std::string note = absl::StrFormat(
+        "micro-batches: %d of %d rows, a stage keeping up to %d in flight at "
+        "the same staleness, to hide the link's round trips: predicted %.0f "
+        "samples/s against %.0f as %d of %d rows (%.2fx; %.2fx needed)",
+        best->micro_batches, batch / best->micro_batches, depth,
+        best->samples_per_second, whole_rate, whole_m, batch / whole_m,
+        best->samples_per_second / whole_rate, kMinMicroGain);
+    *options = best_options;
+    *plan = *std::move(best);
+    return note;
+  }
+  if (best && best->samples_per_second > 1.01 * whole_rate) {
+    return absl::StrFormat(
+        "micro-batches: %d of %d rows kept: %d micro-batches, the best of "
+        "smaller ones, predicted %.0f samples/s against %.0f (%.2fx needed)",
+        whole_m, batch / whole_m, best->micro_batches, best->samples_per_second,
+        whole_rate, kMinMicroGain);
+  }
+  return "";
+}
+
 // The DP's options for `spec` on n workers. Where the spec asks for more
 // stages x replicas than n, fewer, and *fewer_note says so.
 absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, int n,
@@ -249,6 +314,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
     if (!cluster.ok() || !options.ok()) continue;
     absl::StatusOr<pt::Plan> plan = PlanWith(*graph, *cluster, *options);
     if (!plan.ok()) continue;
+    // Micro-batches may hide a slow link for the larger subset: weighed
+    // here too, or the link that binds the whole-batch pipeline would drop
+    // workers that the pipeline PlanOn makes of them needs (bench/cluster,
+    // 2026-12-04 17:30: the transformer_lm at 100 Mbit/s planned on 1
+    // worker at 152 samples/s, where 2 with micro-batches ran 326).
+    WeighMicroBatches(spec, *graph, *cluster, &*options, &*plan);
     const double rate = plan->samples_per_second;
     weighed.push_back(absl::StrFormat("%.0f samples/s on %d", rate, subset.size()));
     if (!best.has_value() || rate > 1.001 * best_rate) {
@@ -302,62 +373,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
     }
     return plan.status();
   }
-  // The async schedule on whole mini-batches (m = 1 without replication)
-  // keeps 1F1B's depth in flight; where that leaves a slow link's round
-  // trips uncovered (plan->depth_bound), m micro-batches a mini-batch let a
-  // stage keep up to m - 1 more in flight at the same staleness
-  // (CoverTransferRoundTrips), each computing its rows at the cost measured
-  // for its size (ModelProfile.micro_batch_costs). Weighed where the spec
-  // leaves micro_batches unset: 2, 4 and 8 times the plan's m, where they
-  // divide the batch into at least kMinMicroRows rows; taken at
-  // kMinMicroGain over the whole mini-batches' prediction. Measured
-  // (bench/cluster, 2026-12-04 17:00): the mlp at 100 Mbit/s ran 1,289
-  // samples/s as 2 x 64 with 3 in flight against 863 as 1 x 128 with 2, both
-  // one update stale.
-  constexpr int64_t kMinMicroRows = 16;
-  constexpr double kMinMicroGain = 1.10;
-  std::string micro_note;
-  if (options.schedule == apapo::schedule::ScheduleKind::kAsync &&
-      !spec.schedule().has_micro_batches() && plan->depth_bound &&
-      plan->stages.size() > 1) {
-    const int64_t batch = spec.data().batch_size();
-    const double whole_rate = plan->samples_per_second;
-    const int whole_m = plan->micro_batches;
-    std::optional<pt::Plan> best;
-    pt::PlannerOptions best_options;
-    for (int f : {2, 4, 8}) {
-      const int64_t m = int64_t{whole_m} * f;
-      if (batch <= 0 || batch % m != 0 || batch / m < kMinMicroRows) continue;
-      pt::PlannerOptions o = options;
-      o.micro_batches = static_cast<int>(m);
-      absl::StatusOr<pt::Plan> alt = PlanWith(*graph, *cluster, o);
-      if (alt.ok() && (!best || alt->samples_per_second > best->samples_per_second)) {
-        best = *std::move(alt);
-        best_options = o;
-      }
-    }
-    if (best && best->samples_per_second >= kMinMicroGain * whole_rate) {
-      int depth = 0;
-      for (const pt::StagePlan& st : best->stages) {
-        depth = std::max(depth, st.in_flight_depth);
-      }
-      micro_note = absl::StrFormat(
-          "micro-batches: %d of %d rows, a stage keeping up to %d in flight at "
-          "the same staleness, to hide the link's round trips: predicted %.0f "
-          "samples/s against %.0f as %d of %d rows (%.2fx; %.2fx needed)",
-          best->micro_batches, batch / best->micro_batches, depth,
-          best->samples_per_second, whole_rate, whole_m, batch / whole_m,
-          best->samples_per_second / whole_rate, kMinMicroGain);
-      options = best_options;
-      plan = *std::move(best);
-    } else if (best && best->samples_per_second > 1.01 * whole_rate) {
-      micro_note = absl::StrFormat(
-          "micro-batches: %d of %d rows kept: %d micro-batches, the best of "
-          "smaller ones, predicted %.0f samples/s against %.0f (%.2fx needed)",
-          whole_m, batch / whole_m, best->micro_batches, best->samples_per_second,
-          whole_rate, kMinMicroGain);
-    }
-  }
+  std::string micro_note = WeighMicroBatches(spec, *graph, *cluster, &options, &*plan);
 
   // Auto: the async schedule, unless 1F1B with flushes is predicted
   // kMinSyncGain faster. That happens where a slow link, not compute,

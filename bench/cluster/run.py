@@ -36,6 +36,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
              gradients crossing the link in bfloat16 (transfer_precision)
   ROW_sN     any of ours (auto_s3, auto_bf16_s3) with schedule.max_staleness N
+  ROW_mN     any of ours with schedule.micro_batches N (auto_m1: the
+             planner's choice on whole mini-batches; after _sN, before _cN)
 Rounds are interleaved (links, and rows within a link, reversed every
 other round) because this machine's speed drifts; the table gives medians
 and per-round ratios. Every ours row reports the plan's predicted samples/s

@@ -65,15 +65,22 @@ BASE_SUFFIX = "_base"
 # single's (bench/cluster's --schedule), e.g. "max_staleness: 1".
 SCHEDULE_EXTRA = ""
 # "<row>_bf16": <row> with activations and gradients sent in bfloat16;
-# "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N.
+# "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N;
+# "<row>_mN": with schedule.micro_batches N (e.g. auto_m1: the planner's
+# choice on whole mini-batches).
 
 
 def row_variant(row):
     """(base row, bf16?, max_staleness or None, checkpoint interval or None)
-    of ROW[_bf16][_sN][_cN]."""
-    m = re.fullmatch(r"(.*?)(_bf16)?(?:_s(\d+))?(?:_c(\d+))?", row)
-    return (m[1], bool(m[2]), (int(m[3]) if m[3] is not None else None),
-            (int(m[4]) if m[4] is not None else None))
+    of ROW[_bf16][_sN][_mN][_cN]."""
+    return row_variant_all(row)[:4]
+
+
+def row_variant_all(row):
+    """row_variant's, and micro_batches (or None) last."""
+    m = re.fullmatch(r"(.*?)(_bf16)?(?:_s(\d+))?(?:_m(\d+))?(?:_c(\d+))?", row)
+    number = lambda g: int(g) if g is not None else None  # noqa: E731
+    return (m[1], bool(m[2]), number(m[3]), number(m[5]), number(m[4]))
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
@@ -137,7 +144,7 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     name = row
-    row, bf16, staleness, checkpoint_every = row_variant(row)
+    row, bf16, staleness, checkpoint_every, micro_batches = row_variant_all(row)
     s = spec.schedule
     s.Clear()
     if bf16:
@@ -180,6 +187,8 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
         # of the mini-batch (replicas2: 64 samples of the 128).
         s.kind = plan_pb2.SCHEDULE_KIND_DATA_PARALLEL
         s.stages, s.replicas = 1, int(row[len("replicas"):])
+    if micro_batches is not None and row != "single":
+        s.micro_batches = micro_batches
     if row != "single" and SCHEDULE_EXTRA:
         text_format.Merge(SCHEDULE_EXTRA, s)
     spec.name = f"bench-{model}-{name}"
