@@ -572,6 +572,26 @@ TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
   EXPECT_EQ(schedule::InFlightDepth(runnable->schedule, 0),
             slow->stages(0).in_flight_depth());
   EXPECT_EQ(schedule::AnalyzeStage(runnable->schedule, 0)->max_staleness, 1);
+  // A finer m is taken only 1.05x faster than a coarser one: every m
+  // weighed is named, and none coarser than the choice is within 1.05x of
+  // it nor any finer beyond it.
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("weighed 2 x 64 rows "));
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("a finer one needs 1.05x"));
+  const double chosen = slow->prediction().samples_per_second();
+  for (int m : {2, 4, 8}) {
+    if (m == slow->micro_batches()) continue;
+    apapo::v1::JobSpec forced = spec;
+    forced.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+    forced.mutable_schedule()->set_micro_batches(m);
+    auto other = planner.MakePlan(forced, ChainProfile(), TwoWorkers(1e7));
+    ASSERT_TRUE(other.ok()) << other.status();
+    const double rate = other->prediction().samples_per_second();
+    if (m < slow->micro_batches()) {
+      EXPECT_GT(chosen, 1.05 * rate) << "m=" << m << ": " << note(*slow);
+    } else {
+      EXPECT_LE(rate, 1.05 * chosen * (1 + 1e-9)) << "m=" << m << ": " << note(*slow);
+    }
+  }
 
   // Micro-batches too dear per row (16 rows at 3x, 32 at 2.5x): kept whole,
   // and the note says what the best would have given.
