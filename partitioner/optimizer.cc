@@ -1111,12 +1111,12 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
   schedule::ScheduleOptions whole = *sched;  // NOAM's depth, no bound
   whole.max_in_flight = 0;
   whole.in_flight_depth.clear();
+  const int m = std::max(1, micro_batches);
   for (int s = p - 2; s >= 0; --s) {
     const StagePlan& st = plan->stages[s];
     if (st.output_bandwidth > 0) {
       round_trip += 2.0 * st.output_bytes / st.output_bandwidth;
     }
-    const int m = std::max(1, micro_batches);
     const double period = st.replicas * bottleneck_seconds / m;
     constexpr double kMinRoundTripShare = 0.15;
     const double share = round_trip / period;
@@ -1137,8 +1137,8 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
           "cover %.3g ms of transfers there and back per micro-batch (period "
           "%.3g ms): schedule.max_staleness: %d allows it (apapo-partition: "
           "--max_in_flight=%d), each update of staleness at some accuracy",
-          s, want, base, 1e3 * round_trip, 1e3 * period, (want - 2) / k + 1,
-          want));
+          s, want, base, 1e3 * round_trip, 1e3 * period,
+          schedule::StalenessAtDepth(want, k), want));
       d = natural;
     }
     if (sched->max_in_flight > 0) d = std::min(d, sched->max_in_flight);
@@ -1154,7 +1154,7 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
             ? absl::StrFormat(": %d micro-batches a mini-batch keep it at %d "
                               "update(s) of staleness, as %d in flight would "
                               "with whole mini-batches",
-                              k, (d - 2) / k + 1, noam)
+                              k, schedule::StalenessAtDepth(d, k), noam)
             : std::string()));
   }
   if (!deeper) return;

@@ -137,6 +137,11 @@ int MaxInFlightForStaleness(int max_staleness, int micro_batches,
       std::min<int64_t>(int64_t{max_staleness} * local + 1, int64_t{1} << 20));
 }
 
+int StalenessAtDepth(int depth, int k) {
+  k = std::max(1, k);
+  return depth <= 1 ? 0 : (depth - 2) / k + 1;
+}
+
 int RankOf(const ScheduleOptions& options, int stage, int replica) {
   int rank = 0;
   for (int s = 0; s < stage; ++s) rank += options.Replicas(s);

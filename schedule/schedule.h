@@ -211,6 +211,11 @@ int InFlightDepth(const ScheduleOptions& options, int stage);
 int MaxInFlightForStaleness(int max_staleness, int micro_batches,
                             const std::vector<int>& replicas);
 
+// The gradient delay, in updates, of a replica that runs k micro-batches of
+// each iteration and keeps `depth` in flight: ceil((depth - 1) / k), the
+// inverse of MaxInFlightForStaleness.
+int StalenessAtDepth(int depth, int k);
+
 // Generates one stage replica's op sequence lazily.
 //
 //   auto program = StageProgram::Create(options, stage, replica);

@@ -248,6 +248,8 @@ TEST(AnalyzeStageTest, MicroBatchesKeepMoreInFlightAtTheSameStaleness) {
       EXPECT_EQ(stats->max_activations_in_flight, d) << "m=" << m << " d=" << d;
       EXPECT_EQ(stats->max_staleness, (d - 1 + m - 1) / m)
           << "m=" << m << " d=" << d;
+      EXPECT_EQ(StalenessAtDepth(d, m), stats->max_staleness)
+          << "m=" << m << " d=" << d;
     }
     for (int staleness = 0; staleness <= 3; ++staleness) {
       const int bound = MaxInFlightForStaleness(staleness, m, {1, 1});
