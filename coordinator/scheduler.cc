@@ -1346,6 +1346,7 @@ void Scheduler::ContinueRecovery(ActiveJob& a) {
   const int min_workers = MinWorkers(a.spec);
   if (have < min_workers) {
     if (!joined.empty()) registry_->Release(id, joined);  // {} means all
+    a.idle_in_wait = joined;
     if (a.phase != Phase::kWaiting) {
       a.phase = Phase::kWaiting;
       a.wait_deadline = clock_->Now() + ReplacementWait(a.spec);
@@ -1465,13 +1466,20 @@ void Scheduler::CheckDeadlines() {
     }
     ContinueRecovery(a);
     if (active_.count(id) && a.phase == Phase::kWaiting && now > a.wait_deadline) {
+      // Idle matching workers may have been there all along, too few to go
+      // on with (the plan had released one of the job's own): said so.
+      const std::string idle =
+          a.idle_in_wait.empty()
+              ? "no idle matching worker came"
+              : absl::StrFormat("only %d idle matching worker(s) (%s) came",
+                                a.idle_in_wait.size(), absl::StrJoin(a.idle_in_wait, ", "));
       Finish(id, apapo::v1::JOB_STATE_FAILED,
-             absl::StrFormat("%s; only %d worker(s) left%s%s and no idle matching "
-                             "worker came within spec.fault_tolerance."
-                             "replacement_wait (%s); min_workers is %d",
+             absl::StrFormat("%s; only %d worker(s) left%s%s and %s within "
+                             "spec.fault_tolerance.replacement_wait (%s); "
+                             "min_workers is %d",
                              a.restart.cause(), a.workers.size(),
                              a.workers.empty() ? "" : ": ",
-                             absl::StrJoin(a.workers, ", "),
+                             absl::StrJoin(a.workers, ", "), idle,
                              absl::FormatDuration(ReplacementWait(a.spec)),
                              MinWorkers(a.spec)),
              absl::StatusCode::kUnavailable, true);

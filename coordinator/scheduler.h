@@ -260,6 +260,9 @@ class Scheduler : public WorkerMessageListener {
     // Left out because their stage did not end: still reserved.
     std::vector<std::string> held_back;
     absl::Time wait_deadline;        // kWaiting: end of the wait
+    // kWaiting: the idle matching workers its last check found (too few
+    // to go on with), named when the wait ends in failure.
+    std::vector<std::string> idle_in_wait;
     // Checking the plan against the run, once per attempt: each worker's
     // report where the window opened; `checked` once it closed. A check
     // past the tolerance keeps its figures and calibrated profiles while

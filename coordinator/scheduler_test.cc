@@ -959,6 +959,27 @@ TEST_F(SchedulerTest, TooFewWorkersWaitsForCapacityThenFailsSayingWhy) {
   EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
 }
 
+// An idle worker that was there all through the wait, too few with it, is
+// named: "no idle worker came" would send the user looking for a fault.
+TEST_F(SchedulerTest, AWaitThatFailsNamesTheIdleWorkersThatWereTooFew) {
+  min_workers_ = 2;
+  std::string id = StartRunningJob();
+  AddWorker("w-3");
+  registry_.Disconnect(*sessions_["w-2"], "stream closed");
+  registry_.Disconnect(*sessions_["w-1"], "stream closed");
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_RECOVERING);
+  clock_.Advance(absl::Minutes(6));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->error(),
+            "worker w-2 lost: stream closed; only 0 worker(s) left and only 1 idle "
+            "matching worker(s) (w-3) came within spec.fault_tolerance.replacement_wait "
+            "(5m); min_workers is 2");
+  EXPECT_EQ(registry_.CountByState()[apapo::v1::WORKER_STATE_IDLE], 1);
+}
+
 TEST_F(SchedulerTest, AWaitingJobTakesAWorkerThatRegisters) {
   min_workers_ = 2;
   std::string id = StartRunningJob();

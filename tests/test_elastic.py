@@ -310,7 +310,10 @@ class TooFewWorkersTest(unittest.TestCase):
     def test_job_waits_for_capacity_then_fails_saying_why(self):
         c = Cluster(workers=2)
         try:
-            job_id = c.submit(spec(steps=1_000_000, workers=2, min_workers=2,
+            # Two stages: the job holds both workers (on a loaded machine the
+            # planner may find the mlp best on one and release the other,
+            # which then is an idle worker the wait names).
+            job_id = c.submit(spec(steps=1_000_000, workers=2, stages=2, min_workers=2,
                                    replacement_wait_s=3))
             c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
             c.workers["w-2"].proc.send_signal(signal.SIGKILL)
