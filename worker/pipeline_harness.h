@@ -60,7 +60,8 @@ struct PipelineResult {
 };
 
 // Runs a pipeline split by BalancedSplit with one thread per stage replica.
-// `sched.max_in_flight` > 0 reaches the stages as spec max_staleness + 1.
+// `sched.max_in_flight` > 0 reaches the stages as the spec's max_staleness
+// that allows it (s x k + 1 in flight, k micro-batches per replica).
 // `splits` are the plan's layer splits (SplitLinearLayers); then `params`
 // is keyed by the split graph's names ("fc2/0.weight").
 PipelineResult RunPipeline(

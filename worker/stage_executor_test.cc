@@ -324,6 +324,16 @@ TEST(WeightStashingTest, MicroBatchesKeepMoreInFlightAtTheSameStaleness) {
     EXPECT_EQ(got.reports[1].max_staleness, 0) << "depth " << depth;
     EXPECT_EQ(got.reports[0].samples, got.reports[1].samples);
   }
+  // The same bound asked as a spec asks it: max_staleness 1 with two
+  // micro-batches a mini-batch lets stage 0 keep 3 in flight (the harness
+  // checks the stage plan's max_in_flight), one update stale.
+  schedule::ScheduleOptions sched = AsyncTwoStages(2);
+  sched.in_flight_depth = {3, 0};
+  sched.max_in_flight = 3;
+  PipelineResult got = RunPipeline(f, sched, Sgd(), 8);
+  for (const auto& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.reports.size(), 2u);
+  EXPECT_EQ(got.reports[0].max_staleness, 1);
 }
 
 // Weight stashing: under async, a stage-0 backward runs after newer weights
