@@ -220,6 +220,10 @@ def print_table(table, links, rows):
     lines = []
     for model, t in table.items():
         s = t["single"]
+        ran = [c for link in links for c in t.get(link, {}).values()
+               if c["samples_per_s"] or c["failures"]]
+        if not s["samples_per_s"] and not ran:
+            continue  # no rounds (--rounds=0: accuracy runs only)
         lines.append(f"\n{model}: single process, 1 core: "
                      + ", ".join(f"{v:.0f}" for v in s["samples_per_s"]) + " samples/s")
         lines.append(f"  {'link':9}{'row':10}{'samples/s':>10}{'x single':>9}{'x DDP':>7}"
@@ -227,8 +231,8 @@ def print_table(table, links, rows):
         for link in links:
             for row in rows:
                 c = t.get(link, {}).get(row)
-                if not c:
-                    continue
+                if not c or not (c["samples_per_s"] or c["failures"]):
+                    continue  # not run (--rounds=0): no row, not a failure
 
                 def f(v, pct=False):
                     if v is None:
@@ -305,7 +309,8 @@ def inner(a):
                     for h in range(2) for c in range(per_host))
     cluster = None
     try:
-        text = rt.prepare_text(models, workdir)
+        # The corpus also for a transformer_lm only in --accuracy.
+        text = rt.prepare_text(models + [m for m, _, _ in accuracy], workdir)
         results["corpus"] = text
         text_path = text["path"] if text else ""
         if any(is_ours(r) for r in rows) or accuracy:
