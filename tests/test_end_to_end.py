@@ -194,6 +194,9 @@ class EndToEndTest(unittest.TestCase):
         c = self.cluster
         s = spec(steps=1_000_000)
         s.fault_tolerance.max_restarts = 0  # on by default: see test_elastic
+        # Two stages, so that w-2 is the job's: on a loaded machine the
+        # planner may find this mlp best on one worker and release the other.
+        s.schedule.stages = 2
         job_id = c.submit(s)
         c.watch_until(job_id, lambda m: m.job.progress.step > 0, timeout=300)
         c.workers["w-2"].proc.send_signal(signal.SIGKILL)
