@@ -271,6 +271,10 @@ def inner(a):
     except text_format.ParseError as e:
         sys.exit(f"--schedule: {e}")
     rt.SCHEDULE_EXTRA = a.schedule
+    if a.seed is not None:
+        if a.seed < 0:
+            sys.exit(f"--seed: {a.seed} is negative")
+        rt.SEED = a.seed
     accuracy = [tuple(item.split(":")) for item in filter(None, a.accuracy.split(","))]
     bad_acc = [":".join(x) for x in accuracy
                if len(x) != 3 or x[0] not in rt.SPECS or not is_ours(x[2])
@@ -432,6 +436,9 @@ def main():
                          "ours for --epochs on that link, its final test accuracy "
                          "reported (e.g. mlp:100mbit:auto,mlp:100mbit:auto_bf16)")
     ap.add_argument("--epochs", type=int, default=3, help="epochs of --accuracy runs")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="spec.seed of every run (initial weights, shuffling); "
+                         "unset: each model's spec's (1)")
     ap.add_argument("--schedule", default="",
                     help="ScheduleSpec fields in text format set in every job of ours, "
                          "e.g. \"max_staleness: 1\"")

@@ -64,6 +64,8 @@ BASE_SUFFIX = "_base"
 # ScheduleSpec fields (text format) merged into every row's schedule but
 # single's (bench/cluster's --schedule), e.g. "max_staleness: 1".
 SCHEDULE_EXTRA = ""
+# The spec's seed in every row (bench/cluster's --seed); None: the spec's.
+SEED = None
 # "<row>_bf16": <row> with activations and gradients sent in bfloat16;
 # "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N;
 # "<row>_mN": with schedule.micro_batches N (e.g. auto_m1: the planner's
@@ -191,6 +193,8 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
         s.micro_batches = micro_batches
     if row != "single" and SCHEDULE_EXTRA:
         text_format.Merge(SCHEDULE_EXTRA, s)
+    if SEED is not None:
+        spec.seed = SEED
     spec.name = f"bench-{model}-{name}"
     path = os.path.join(workdir, f"{model}-{name}-{max_steps}.textproto")
     with open(path, "w") as f:
