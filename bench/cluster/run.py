@@ -216,13 +216,17 @@ def summarize(results, models, links, rows):
     return table
 
 
+def ran(cell):
+    """Whether a table cell's row ran (--rounds=0 leaves every cell empty)."""
+    return bool(cell and (cell["samples_per_s"] or cell["failures"]))
+
+
 def print_table(table, links, rows):
     lines = []
     for model, t in table.items():
         s = t["single"]
-        ran = [c for link in links for c in t.get(link, {}).values()
-               if c["samples_per_s"] or c["failures"]]
-        if not s["samples_per_s"] and not ran:
+        if not s["samples_per_s"] and not any(
+                ran(c) for link in links for c in t.get(link, {}).values()):
             continue  # no rounds (--rounds=0: accuracy runs only)
         lines.append(f"\n{model}: single process, 1 core: "
                      + ", ".join(f"{v:.0f}" for v in s["samples_per_s"]) + " samples/s")
@@ -231,8 +235,8 @@ def print_table(table, links, rows):
         for link in links:
             for row in rows:
                 c = t.get(link, {}).get(row)
-                if not c or not (c["samples_per_s"] or c["failures"]):
-                    continue  # not run (--rounds=0): no row, not a failure
+                if not ran(c):
+                    continue  # not run: no row, not a failure
 
                 def f(v, pct=False):
                     if v is None:
