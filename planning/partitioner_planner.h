@@ -13,6 +13,13 @@
 // schedule's micro-batches are charged the per-row cost the profile
 // measured at their size (ModelProfile.micro_batch_costs).
 //
+// More workers than one: a plan that places more than one worker must be
+// predicted kMinMoreWorkersGain (1.1x) faster than the best plan on the
+// fastest worker alone, else the job runs on that worker and a note gives
+// both predictions; the others are the coordinator's to release. Not
+// applied where the spec fixes stages, replicas or data parallelism, or
+// asks for fault_tolerance.min_workers above one.
+//
 // Shared cores: when workers report core sets that hold fewer cores than
 // their threads with all of them busy (core_sharing.h), the plan is the
 // best of all the workers at their shares and of fewer per core set at
@@ -51,10 +58,16 @@ class PartitionerPlanner : public Planner {
       const apapo::v1::ClusterSpec& cluster) override;
 
  private:
-  // MakePlan on `cluster` as given (no core sharing weighed).
+  // MakePlan on `cluster` as given (no core sharing weighed), or on its
+  // fastest worker alone where the plan on more is predicted less than
+  // kMinMoreWorkersGain faster.
   absl::StatusOr<apapo::v1::Plan> PlanOn(const apapo::v1::JobSpec& spec,
                                          const apapo::v1::ModelProfile& profile,
                                          const apapo::v1::ClusterSpec& cluster);
+  // PlanOn without the one-worker comparison.
+  absl::StatusOr<apapo::v1::Plan> PlanOnAll(const apapo::v1::JobSpec& spec,
+                                            const apapo::v1::ModelProfile& profile,
+                                            const apapo::v1::ClusterSpec& cluster);
 
   const partitioner::PlannerOptions::Budget budget_;
 };

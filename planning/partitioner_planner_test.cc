@@ -547,6 +547,9 @@ TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec;
   spec.mutable_data()->set_batch_size(128);
+  // Two stages asked for: unpinned, this link makes the pipeline too small
+  // a gain over one worker (ALinkThatCostsTheGainLeavesOneWorker).
+  spec.mutable_schedule()->set_stages(2);
   const auto note = [](const apapo::v1::Plan& plan) {
     for (const std::string& n : plan.notes()) {
       if (absl::StartsWith(n, "micro-batches:")) return n;
@@ -635,6 +638,7 @@ TEST(PartitionerPlannerTest, AutoFlushesOnlyWherePredictedTenPercentFaster) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec;
   spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(2);  // as above
   spec.mutable_schedule()->set_max_staleness(0);
   const auto note = [](const apapo::v1::Plan& plan) {
     for (const std::string& n : plan.notes()) {
@@ -675,6 +679,68 @@ TEST(PartitionerPlannerTest, AutoFlushesOnlyWherePredictedTenPercentFaster) {
   auto asked = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
   ASSERT_TRUE(asked.ok()) << asked.status();
   EXPECT_EQ(asked->schedule(), apapo::v1::SCHEDULE_KIND_ASYNC);
+}
+
+// A plan on more workers than one must be predicted 1.1x the fastest
+// worker's alone. At 10 MB/s the chain's 1 MiB each way per mini-batch
+// binds the pipeline near one worker's rate: the job runs on one, a note
+// gives both predictions, and the other worker is left out. At 1 GB/s the
+// pipeline is kept, with the one-worker prediction beside it. A spec that
+// fixes the stages or the data parallelism, or asks for two workers at the
+// least, is planned as asked.
+TEST(PartitionerPlannerTest, ALinkThatCostsTheGainLeavesOneWorker) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  const auto note = [](const apapo::v1::Plan& plan) {
+    for (const std::string& n : plan.notes()) {
+      if (absl::StartsWith(n, "planned on one worker")) return n;
+    }
+    return std::string("(none)");
+  };
+  const auto workers = [](const apapo::v1::Plan& plan) {
+    std::set<std::string> ids;
+    for (const auto& st : plan.stages()) {
+      for (const auto& r : st.placement()) ids.insert(r.worker_id());
+    }
+    return ids;
+  };
+  // beta measured faster: the one worker is the fastest, not the first.
+  apapo::v1::ClusterSpec slow_link = TwoWorkers(1e7);
+  slow_link.mutable_workers(1)->set_relative_speed(1.05);
+
+  auto slow = planner.MakePlan(spec, ChainProfile(), slow_link);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(workers(*slow), std::set<std::string>{"beta"}) << slow->DebugString();
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("planned on one worker (beta, the fastest): 2 "
+                                                "workers were predicted "));
+  EXPECT_THAT(note(*slow), ::testing::HasSubstr("(1.10x needed for more than one)"));
+  const double one = slow->prediction().samples_per_second();
+  EXPECT_DOUBLE_EQ(slow->prediction().alternatives_samples_per_second().at("one_worker"), one);
+  // What it gave up: the pipeline on both, asked for.
+  apapo::v1::JobSpec pinned = spec;
+  pinned.mutable_schedule()->set_stages(2);
+  auto two = planner.MakePlan(pinned, ChainProfile(), slow_link);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(workers(*two).size(), 2u);
+  EXPECT_GT(two->prediction().samples_per_second(), one);
+  EXPECT_LT(two->prediction().samples_per_second(), 1.1 * one);
+  EXPECT_EQ(note(*two), "(none)");
+
+  // Two workers at the least: both, however small the gain.
+  apapo::v1::JobSpec at_least_two = spec;
+  at_least_two.mutable_fault_tolerance()->set_min_workers(2);
+  auto kept = planner.MakePlan(at_least_two, ChainProfile(), slow_link);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(workers(*kept).size(), 2u);
+
+  // A fast link: the pipeline pays, and the one-worker figure is beside it.
+  auto fast = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(workers(*fast).size(), 2u);
+  EXPECT_EQ(note(*fast), "(none)");
+  EXPECT_GE(fast->prediction().samples_per_second(),
+            1.1 * fast->prediction().alternatives_samples_per_second().at("one_worker"));
 }
 
 // Data parallelism on two workers runs micro-batches of half the batch:
