@@ -127,12 +127,16 @@ int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
   return static_cast<int>(need);
 }
 
+int MicroBatchesPerReplica(int micro_batches, const std::vector<int>& replicas) {
+  int most = 1;
+  for (int r : replicas) most = std::max(most, r);
+  return std::max(1, micro_batches / most);
+}
+
 int MaxInFlightForStaleness(int max_staleness, int micro_batches,
                             const std::vector<int>& replicas) {
   if (max_staleness < 0) return 0;
-  int most = 1;
-  for (int r : replicas) most = std::max(most, r);
-  const int64_t local = std::max(1, micro_batches / most);
+  const int64_t local = MicroBatchesPerReplica(micro_batches, replicas);
   return static_cast<int>(
       std::min<int64_t>(int64_t{max_staleness} * local + 1, int64_t{1} << 20));
 }

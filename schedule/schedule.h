@@ -199,11 +199,15 @@ int DefaultMicroBatches(ScheduleKind kind, const std::vector<int>& replicas,
 // min(d_s, ceil(m / R_s)).
 int InFlightDepth(const ScheduleOptions& options, int stage);
 
+// k, the micro-batches of each iteration that the replica of the most
+// replicated stage runs: max(1, micro_batches / the most replicas of a
+// stage), with `replicas` per stage (empty: one each).
+int MicroBatchesPerReplica(int micro_batches, const std::vector<int>& replicas);
+
 // The in-flight bound (ScheduleOptions::max_in_flight) that keeps every
 // stage's gradient delay within `max_staleness` updates (< 0: no bound, 0
-// returned) with `micro_batches` per iteration and `replicas` per stage
-// (empty: one each): max_staleness x k + 1, k = max(1, micro_batches / the
-// most replicas of a stage). A replica that runs k micro-batches of each
+// returned) with `micro_batches` per iteration and `replicas` per stage:
+// max_staleness x k + 1, k = MicroBatchesPerReplica. A replica that runs k micro-batches of each
 // iteration and keeps d in flight computes on weights ceil((d - 1) / k)
 // updates old: whole mini-batches (k = 1) give PipeDream's d - 1, and
 // smaller micro-batches let a stage keep more in flight (to hide a slow

@@ -266,6 +266,9 @@ TEST(AnalyzeStageTest, MicroBatchesKeepMoreInFlightAtTheSameStaleness) {
   EXPECT_EQ(MaxInFlightForStaleness(1, 4, {2, 1}), 3);
   EXPECT_EQ(MaxInFlightForStaleness(1, 2, {2, 2}), 2);
   EXPECT_EQ(MaxInFlightForStaleness(-1, 4, {}), 0);
+  EXPECT_EQ(MicroBatchesPerReplica(4, {2, 1}), 2);
+  EXPECT_EQ(MicroBatchesPerReplica(1, {2, 2}), 1);  // never below one
+  EXPECT_EQ(MicroBatchesPerReplica(8, {}), 8);
 }
 
 TEST(AnalyzeStageTest, AnAsyncStageCanRunDeeperThanTheDefault) {

@@ -94,13 +94,9 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
     // The spec bounds staleness in updates; the stages keep s x k + 1 in
     // flight (k: micro-batches per replica and iteration), so a depth not of
     // that form cannot be asked for (the EXPECT below says so).
-    int most_replicas = 1;
-    for (int s = 0; s < sched.num_stages; ++s) {
-      most_replicas = std::max(most_replicas, sched.Replicas(s));
-    }
-    const int k = std::max(1, sched.micro_batches_per_iteration / most_replicas);
-    job.mutable_schedule()->set_max_staleness(
-        schedule::StalenessAtDepth(sched.max_in_flight, k));
+    job.mutable_schedule()->set_max_staleness(schedule::StalenessAtDepth(
+        sched.max_in_flight,
+        schedule::MicroBatchesPerReplica(sched.micro_batches_per_iteration, sched.replicas)));
   }
   // The plan's stages name the split graph's nodes.
   auto split_proto = SplitLinearLayers(f.graph->graph(), splits);
