@@ -154,6 +154,15 @@ std::string WeighMicroBatches(const apapo::v1::JobSpec& spec, const pt::Graph& g
   return "";
 }
 
+// The registry ids of the workers `plan` places.
+std::set<std::string> PlacedWorkers(const apapo::v1::Plan& plan) {
+  std::set<std::string> placed;
+  for (const auto& st : plan.stages()) {
+    for (const auto& r : st.placement()) placed.insert(r.worker_id());
+  }
+  return placed;
+}
+
 // The DP's options for `spec` on n workers. Where the spec asks for more
 // stages x replicas than n, fewer, and *fewer_note says so.
 absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, int n,
@@ -347,10 +356,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   absl::StatusOr<apapo::v1::Plan> plan =
       PlanOn(spec, profile, best.has_value() ? *best : SubCluster(cluster_spec, subsets[0]));
   if (plan.ok() && weighed.size() > 1) {
-    std::set<std::string> busy;
-    for (const auto& st : plan->stages()) {
-      for (const auto& r : st.placement()) busy.insert(r.worker_id());
-    }
+    const std::set<std::string> busy = PlacedWorkers(*plan);
     std::string why =
         "workers share cores (their core sets hold fewer cores than threads "
         "with all of them busy)";
@@ -381,10 +387,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
        spec.fault_tolerance().min_workers() > 1)) {
     return plan;
   }
-  std::set<std::string> busy;
-  for (const auto& st : plan->stages()) {
-    for (const auto& r : st.placement()) busy.insert(r.worker_id());
-  }
+  const std::set<std::string> busy = PlacedWorkers(*plan);
   if (busy.size() < 2) return plan;
   int fastest = 0;
   for (int i = 1; i < cluster_spec.workers_size(); ++i) {
