@@ -47,6 +47,11 @@ The script runs as root: it brings the lab up (prefix "apb"), re-runs itself
 inside host 1, and takes the lab down at the end, also on failure or
 SIGTERM (every process in the hosts is killed with them). Where namespaces
 are not allowed it prints why and exits 3. Results: results/<time>.json.
+After the table it prints the goals, round by round: `auto` against the
+best other row of its round (peers and ours forced), how many predictions
+were within 10%, and the mlp's `auto` at 1 Gbit/s and below against its
+unshaped `auto` (goal 0.9) and DDP (goal 3x). `--summarize=FILE` prints
+the table and the goals of a saved results file (no lab, no root).
 """
 
 import argparse
@@ -216,6 +221,104 @@ def summarize(results, models, links, rows):
     return table
 
 
+# What issue 12 asks of these rounds: the planned mlp keeps >= 0.9 of its
+# unshaped rate and beats DDP by >= 3x at 1 Gbit/s and below; ours planned
+# is never below the best peer; every prediction is within 10%.
+GOAL_X_UNSHAPED = 0.9
+GOAL_X_DDP = 3.0
+GOAL_PREDICTION_ERROR = 0.10
+
+
+def goals(results, links, rows):
+    """The goals above, measured per round (no medians: a round's rows ran
+    minutes apart, rounds did not). `auto` against the best other row of
+    its round, model and link: the peers (one process, DDP, Pipe) and ours
+    forced (replicasN, async, stagesN, ...), since a plan the planner chose
+    that runs slower than one it rejected is a cost-model bug; variants of
+    auto (auto_bf16, auto_m1) are other jobs, not alternatives."""
+    out = {"auto_vs_best_other": [], "predictions": {"rows": 0, "within": 0, "misses": []},
+           "mlp_slow_links": []}
+    for model, rounds in results["rounds"].items():
+        for i, r in enumerate(rounds):
+            for link in links:
+                cells = r.get(link, {})
+                for row in rows:
+                    x = cells.get(row, {})
+                    pred, sps = x.get("predicted_samples_per_s"), x.get("samples_per_s")
+                    if pred and sps:
+                        out["predictions"]["rows"] += 1
+                        err = pred / sps - 1
+                        if abs(err) <= GOAL_PREDICTION_ERROR:
+                            out["predictions"]["within"] += 1
+                        else:
+                            out["predictions"]["misses"].append(
+                                {"model": model, "link": link, "row": row, "round": i + 1,
+                                 "error": err})
+                auto = cells.get("auto", {}).get("samples_per_s")
+                if not auto:
+                    continue
+                others = {row: cells.get(row, {}).get("samples_per_s") for row in rows
+                          if row != "single" and rt.row_variant(row)[0] != "auto"}
+                others["single"] = r.get("single", {}).get("samples_per_s")
+                others = {k: v for k, v in others.items() if v}
+                if others:
+                    best = max(others, key=others.get)
+                    out["auto_vs_best_other"].append(
+                        {"model": model, "link": link, "round": i + 1, "best": best,
+                         "ratio": auto / others[best]})
+                if model == "mlp" and link != "unshaped" and rate_bits(link) <= 1e9:
+                    unshaped = r.get("unshaped", {}).get("auto", {}).get("samples_per_s")
+                    ddp = cells.get("ddp", {}).get("samples_per_s")
+                    out["mlp_slow_links"].append(
+                        {"link": link, "round": i + 1,
+                         "x_unshaped": auto / unshaped if unshaped else None,
+                         "x_ddp": auto / ddp if ddp else None})
+    return out
+
+
+def goals_text(g):
+    """goals() as the lines the bench prints after its table."""
+    lines = ["\ngoals:"]
+    vs = g["auto_vs_best_other"]
+    if vs:
+        below = [v for v in vs if v["ratio"] < 1]
+        lines.append(
+            f"  auto against the best other row of its round: {len(vs) - len(below)} of "
+            f"{len(vs)} at or above it"
+            + ("; below: " + ", ".join(
+                f"{v['model']} {v['link']} round {v['round']} {v['ratio']:.2f}x {v['best']}"
+                for v in below) if below else ""))
+    p = g["predictions"]
+    if p["rows"]:
+        lines.append(
+            f"  predictions within {GOAL_PREDICTION_ERROR:.0%}: {p['within']} of {p['rows']} rows"
+            + ("; misses: " + ", ".join(
+                f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
+                for m in p["misses"]) if p["misses"] else ""))
+    for m in g["mlp_slow_links"]:
+        def f(v, goal):
+            return "-" if v is None else f"{v:.2f}" + (" (goal met)" if v >= goal else
+                                                         f" (goal {goal:g})")
+        lines.append(f"  mlp {m['link']} round {m['round']}: auto x unshaped auto "
+                     f"{f(m['x_unshaped'], GOAL_X_UNSHAPED)}, x DDP {f(m['x_ddp'], GOAL_X_DDP)}")
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def summarize_file(path):
+    """--summarize: the table and goals of a saved results file, printed."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        args = results["args"]
+        links, rows = args["links"].split(","), args["rows"].split(",")
+        models = list(results["rounds"])
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        sys.exit(f"--summarize: {path}: not a results file of this bench ({e})")
+    print_table(summarize(results, models, links, rows), links, rows)
+    print(goals_text(goals(results, links, rows)), flush=True)
+    return 0
+
+
 def ran(cell):
     """Whether a table cell's row ran (--rounds=0 leaves every cell empty)."""
     return bool(cell and (cell["samples_per_s"] or cell["failures"]))
@@ -306,6 +409,7 @@ def inner(a):
 
     def save():
         results["table"] = summarize(results, models, links, rows)
+        results["goals"] = goals(results, links, rows)
         results["elapsed_s"] = time.time() - rt.T0
         with open(out_path + ".tmp", "w") as f:
             json.dump(results, f, indent=1)
@@ -398,6 +502,8 @@ def inner(a):
             cluster.close()
         save()
     results["table_text"] = print_table(results["table"], links, rows)
+    results["goals_text"] = goals_text(results["goals"])
+    print(results["goals_text"], flush=True)
     save()
     rt.log(f"results: {out_path}")
     return 0
@@ -447,8 +553,13 @@ def main():
                     help="ScheduleSpec fields in text format set in every job of ours, "
                          "e.g. \"max_staleness: 1\"")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--summarize", default="", metavar="RESULTS_JSON",
+                    help="print the table and the goals of a saved results file "
+                         "(no lab, no root) and exit")
     ap.add_argument("--root_netns", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.summarize:
+        return summarize_file(a.summarize)
     if a.warmup + a.dp_ours_steps <= 20:
         ap.error("--warmup + --dp_ours_steps must exceed 20: ours reports its "
                  "rate after its first 10 steps only in runs longer than 20")

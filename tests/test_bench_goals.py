@@ -1,0 +1,90 @@
+"""bench/cluster/run.py --summarize (issue 12): a saved round's table and the
+goals measured per round (auto against the best other row, predictions
+within 10%, the mlp's rate at 1 Gbit/s and below against its unshaped rate
+and DDP), read back without the lab."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench", "cluster", "run.py")
+
+
+def ours(sps, predicted, plan="SCHEDULE_KIND_ASYNC, 2 stage(s)"):
+    return {"samples_per_s": sps, "predicted_samples_per_s": predicted, "plan": plan,
+            "links": [{"bytes_per_s": 12.2e6}]}
+
+
+def peer(sps):
+    return {"samples_per_s": sps}
+
+
+# Two rounds of the mlp on two links. Round 2 at 1 Gbit/s: auto below the
+# forced data parallelism (a plan the planner rejected ran faster), and its
+# prediction 20% high.
+RESULTS = {
+    "args": {"links": "unshaped,1gbit", "rows": "single,auto,replicas2,ddp"},
+    "rounds": {"mlp": [
+        {"single": peer(1000.0),
+         "unshaped": {"auto": ours(2000.0, 2100.0), "replicas2": ours(800.0, 820.0),
+                      "ddp": peer(780.0)},
+         "1gbit": {"auto": ours(1840.0, 1800.0), "replicas2": ours(230.0, 240.0),
+                   "ddp": peer(460.0)}},
+        {"single": peer(900.0),
+         "unshaped": {"auto": ours(1900.0, 1950.0), "replicas2": ours(800.0, 790.0),
+                      "ddp": peer(700.0)},
+         "1gbit": {"auto": ours(1000.0, 1200.0), "replicas2": ours(1050.0, 1000.0),
+                   "ddp": peer(400.0)}},
+    ]},
+}
+
+
+class BenchGoalsTest(unittest.TestCase):
+    def summarize(self, path):
+        return subprocess.run([sys.executable, BENCH, f"--summarize={path}"],
+                              capture_output=True, text=True, timeout=120)
+
+    def test_goals_are_measured_per_round(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.json")
+            with open(path, "w") as f:
+                json.dump(RESULTS, f)
+            r = self.summarize(path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout
+        # The table: medians over the rounds.
+        self.assertIn("mlp: single process, 1 core: 1000, 900 samples/s", out)
+        self.assertRegex(out, r"unshaped auto +1950 ")
+        self.assertIn(
+            "auto against the best other row of its round: 3 of 4 at or above it; "
+            "below: mlp 1gbit round 2 0.95x replicas2", out)
+        # 8 predictions: auto 2100/2000 (+5%), 1800/1840 (-2%), 1950/1900
+        # (+3%), 1200/1000 (+20%); replicas2 +3%, +4%, -1%, -5%.
+        self.assertIn("predictions within 10%: 7 of 8 rows; misses: mlp 1gbit auto round 2 +20%",
+                      out)
+        self.assertIn("mlp 1gbit round 1: auto x unshaped auto 0.92 (goal met), "
+                      "x DDP 4.00 (goal met)", out)
+        self.assertIn("mlp 1gbit round 2: auto x unshaped auto 0.53 (goal 0.9), "
+                      "x DDP 2.50 (goal 3)", out)
+
+    def test_a_file_that_is_not_a_results_file_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "other.json")
+            with open(path, "w") as f:
+                json.dump({"rounds": []}, f)
+            r = self.summarize(path)
+            missing = self.summarize(os.path.join(d, "absent.json"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"--summarize: {path}: not a results file of this bench", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("absent.json: not a results file", missing.stderr)
+        self.assertNotIn("Traceback", missing.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
