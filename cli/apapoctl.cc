@@ -81,24 +81,32 @@ std::string FormatRate(double bytes_per_second) {
 // first (at most kShownLinks of them).
 std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   constexpr int kShownLinks = 8;
+  // ", token bucket 97.7 KiB" where a link passes that much at once after
+  // it idled (LinkMeasurement.burst_bytes).
+  const auto bucket = [](double bytes) {
+    return bytes >= 1 ? absl::StrCat(", token bucket ",
+                                     FormatBytes(static_cast<int64_t>(bytes)))
+                      : std::string();
+  };
   std::string out;
   if (cluster.levels_size() == 1) {
     const auto& level = cluster.levels(0);
     absl::StrAppend(&out, absl::StrFormat(
-        "network: %d worker(s) at %s%s\n", level.group_size(),
+        "network: %d worker(s) at %s%s%s\n", level.group_size(),
         FormatRate(level.bandwidth_bytes_per_second()),
         cluster.links().empty() ? " (assumed: no links measured)"
-                                : " (slowest measured link)"));
+                                : " (slowest measured link)",
+        bucket(level.burst_bytes())));
   }
   // Levels the coordinator found in the measured links, innermost first.
   for (int i = 0; i < cluster.levels_size() && cluster.levels_size() > 1; ++i) {
     const auto& level = cluster.levels(i);
     absl::StrAppend(&out, absl::StrFormat(
-        "network level %d: %d %s at %s (slowest link %s), latency %.1f us\n",
+        "network level %d: %d %s at %s (slowest link %s), latency %.1f us%s\n",
         i + 1, level.group_size(), i == 0 ? "worker(s) per group" : "group(s)",
         FormatRate(level.bandwidth_bytes_per_second()),
         i == 0 ? "inside a group" : "between groups",
-        level.latency_seconds() * 1e6));
+        level.latency_seconds() * 1e6, bucket(level.burst_bytes())));
   }
   std::vector<apapo::v1::LinkMeasurement> links(cluster.links().begin(),
                                                 cluster.links().end());
@@ -115,6 +123,7 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
       absl::StrAppend(&out, absl::StrFormat(", %.2f ns of CPU per byte",
                                             l.cpu_seconds_per_byte() * 1e9));
     }
+    absl::StrAppend(&out, bucket(l.burst_bytes()));
     absl::StrAppend(&out, absl::StrFormat(" (measured with %s messages)\n",
                                           FormatBytes(l.message_bytes())));
   }

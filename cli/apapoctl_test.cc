@@ -325,8 +325,9 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
     if (from == "w-a") l->set_cpu_seconds_per_byte(0.61e-9);
   }
   std::string table = FormatPlan(r);
-  EXPECT_THAT(table, HasSubstr("network: 2 worker(s) at 250.0 MB/s (slowest measured link)"));
+  EXPECT_THAT(table, HasSubstr("network: 2 worker(s) at 250.0 MB/s (slowest measured link)\n"));
   EXPECT_THAT(table, Not(HasSubstr("assumed")));
+  EXPECT_THAT(table, Not(HasSubstr("token bucket")));
   EXPECT_THAT(table, HasSubstr(
       "  link w-b -> w-a: 250.0 MB/s, latency 42.0 us (measured with 4.0 MiB messages)\n"
       "  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU per byte "
@@ -369,8 +370,20 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
               HasSubstr("  transfer CPU by message size: 4.0 MiB 0.30 ns, "
                         "19.0 MiB 0.80 ns per byte (timed on each worker's "
                         "loopback)\n"));
+  // A link that passes a token bucket at once after it idled: on its line
+  // and on the level the planner charges.
+  r.mutable_cluster()->mutable_links(1)->set_burst_bytes(102400);
+  level->set_burst_bytes(102400);
+  table = FormatPlan(r);
+  EXPECT_THAT(table, HasSubstr("network: 2 worker(s) at 250.0 MB/s (slowest measured link), "
+                               "token bucket 100.0 KiB\n"));
+  EXPECT_THAT(table, HasSubstr("  link w-b -> w-a: 250.0 MB/s, latency 42.0 us, token bucket "
+                               "100.0 KiB (measured with 4.0 MiB messages)\n"));
+  EXPECT_THAT(table, HasSubstr("  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU "
+                               "per byte (measured with 4.0 MiB messages)\n"));
 
   r.mutable_cluster()->clear_links();
+  level->set_burst_bytes(0);
   level->set_group_size(1);
   level->set_bandwidth_bytes_per_second(1e9);
   EXPECT_THAT(FormatPlan(r),

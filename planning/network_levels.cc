@@ -16,6 +16,7 @@ struct Pair {
   int a = 0, b = 0;
   double bandwidth = 0;
   double latency = 0;
+  double burst = 0;  // the smaller of its directions'
 };
 
 int Find(std::vector<int>& parent, int x) {
@@ -37,13 +38,15 @@ NetworkLevels Flat(int n, const std::vector<Pair>& pairs) {
   }
   apapo::v1::NetworkLevel level;
   level.set_group_size(n);
-  double slowest = pairs[0].bandwidth, latency = 0;
+  double slowest = pairs[0].bandwidth, latency = 0, burst = pairs[0].burst;
   for (const Pair& p : pairs) {
     slowest = std::min(slowest, p.bandwidth);
     latency = std::max(latency, p.latency);
+    burst = std::min(burst, p.burst);
   }
   level.set_bandwidth_bytes_per_second(slowest);
   level.set_latency_seconds(latency);
+  level.set_burst_bytes(burst);
   out.levels.push_back(level);
   out.description = "one level: slowest link " + Rate(slowest);
   return out;
@@ -81,6 +84,8 @@ NetworkLevels InferNetworkLevels(
       p.bandwidth = l.bandwidth_bytes_per_second();
     }
     p.latency = std::max(p.latency, l.latency_seconds());
+    const double burst = std::max(0.0, l.burst_bytes());
+    p.burst = inserted ? burst : std::min(p.burst, burst);
   }
   std::vector<Pair> pairs;
   for (const auto& [key, p] : by_pair) pairs.push_back(p);
@@ -136,21 +141,26 @@ NetworkLevels InferNetworkLevels(
     }
   }
   double inside = 0, between = 0, inside_latency = 0, between_latency = 0;
+  double inside_burst = -1, between_burst = -1;  // -1: no pair yet
   for (const Pair& p : pairs) {
     const bool same = group_of[p.a] == group_of[p.b];
     double& bw = same ? inside : between;
     bw = bw == 0 ? p.bandwidth : std::min(bw, p.bandwidth);
     double& lat = same ? inside_latency : between_latency;
     lat = std::max(lat, p.latency);
+    double& burst = same ? inside_burst : between_burst;
+    burst = burst < 0 ? p.burst : std::min(burst, p.burst);
   }
   if (inside == 0 || between == 0) return Flat(n, pairs);  // a side unmeasured
   apapo::v1::NetworkLevel inner, outer;
   inner.set_group_size(static_cast<int>(g));
   inner.set_bandwidth_bytes_per_second(inside);
   inner.set_latency_seconds(inside_latency);
+  inner.set_burst_bytes(std::max(0.0, inside_burst));
   outer.set_group_size(n / static_cast<int>(g));
   outer.set_bandwidth_bytes_per_second(between);
   outer.set_latency_seconds(between_latency);
+  outer.set_burst_bytes(std::max(0.0, between_burst));
   out.levels = {inner, outer};
   out.description = absl::StrFormat("%d groups of %d: %s inside, %s between",
                                     n / static_cast<int>(g), g, Rate(inside),

@@ -112,6 +112,35 @@ TEST(NetworkLevelsTest, ASlowDirectionCountsAndStrangersAreIgnored) {
   EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 0.25e9);
 }
 
+TEST(NetworkLevelsTest, ALevelsTokenBucketIsTheSmallestOfItsPairs) {
+  // Two hosts of two workers, the hosts joined by shaped links whose
+  // buckets the link test measured at 90-110 KB (each direction its own);
+  // inside a host, none. A level gets the smallest burst of its pairs.
+  std::vector<std::string> w = {"w-1", "w-2", "w-3", "w-4"};
+  auto links = Mesh(w, [](int a, int b) { return a % 2 == b % 2; }, 1.2, 0.0122);
+  double burst = 90e3;
+  for (auto& l : links) {
+    if (l.bandwidth_bytes_per_second() < 1e9) l.set_burst_bytes(burst += 5e3);
+  }
+  auto back = Link("w-2", "w-1", 0.0122);  // the other direction: less
+  back.set_burst_bytes(91e3);
+  links.push_back(back);
+  auto levels = InferNetworkLevels(w, links);
+  ASSERT_EQ(levels.levels.size(), 2u);
+  EXPECT_DOUBLE_EQ(levels.levels[0].burst_bytes(), 0);
+  EXPECT_DOUBLE_EQ(levels.levels[1].burst_bytes(), 91e3);
+  // One level: the smallest over every pair, a wire's 0 included.
+  std::vector<std::string> two = {"w-1", "w-2"};
+  auto flat = InferNetworkLevels(two, {links.back()});
+  ASSERT_EQ(flat.levels.size(), 1u);
+  EXPECT_DOUBLE_EQ(flat.levels[0].burst_bytes(), 91e3);
+  auto mixed = InferNetworkLevels({"a", "b", "c"},
+                                  {Link("a", "b", 0.1), Link("b", "c", 0.1),
+                                   Link("a", "c", 0.1)});
+  ASSERT_EQ(mixed.levels.size(), 1u);
+  EXPECT_DOUBLE_EQ(mixed.levels[0].burst_bytes(), 0);
+}
+
 TEST(NetworkLevelsTest, NothingMeasuredLeavesTheBandwidthToTheCaller) {
   auto levels = InferNetworkLevels({"solo"}, {});
   EXPECT_THAT(levels.order, ElementsAre(0));

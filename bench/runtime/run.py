@@ -496,7 +496,8 @@ class Cluster:
                                         for s in p.stages]
             res["links"] = [{"from": l.from_worker, "to": l.to_worker,
                              "bytes_per_s": l.bandwidth_bytes_per_second,
-                             "cpu_ns_per_byte": l.cpu_seconds_per_byte * 1e9}
+                             "cpu_ns_per_byte": l.cpu_seconds_per_byte * 1e9,
+                             "burst_bytes": l.burst_bytes}
                             for l in plan.cluster.links]
             res["allreduces"] = [{"ranks": a.ranks, "bytes": a.bytes,
                                   "seconds": a.seconds}

@@ -131,22 +131,25 @@ class LinkStore {
 struct Figures {
   double bandwidth = 0;  // bytes/second
   double latency = 0;    // seconds
+  double burst = 0;      // bytes (FitBurst)
   // This side's own figure, not exchanged: process CPU seconds per byte
   // sent or received over the timed large round trips.
   double cpu_per_byte = 0;
 };
 
-// Process CPU over the timed large messages of one side of an exchange.
+// Process CPU over the timed messages of `large` bytes of one side of an
+// exchange, the last ones of it: from the first one's start to PerByte().
 class CpuMeter {
  public:
+  explicit CpuMeter(int64_t large) : large_(large) {}
   void Before(int64_t bytes, bool timed) {
-    if (timed && bytes != kSmallBytes && !running_) {
+    if (timed && bytes == large_ && !running_) {
       running_ = true;
       start_ = ProcessCpuSeconds();
     }
   }
   void After(int64_t bytes, bool timed) {
-    if (timed && bytes != kSmallBytes) handled_ += 2.0 * bytes;  // in and out
+    if (timed && bytes == large_) handled_ += 2.0 * bytes;  // in and out
   }
   double PerByte() const {
     if (!running_ || handled_ <= 0) return 0;
@@ -154,18 +157,35 @@ class CpuMeter {
   }
 
  private:
+  const int64_t large_;
   bool running_ = false;
   double start_ = 0;
   double handled_ = 0;
 };
 
+// Whether the burst probe runs: a size between the 8-byte and the large
+// messages.
+bool ProbesBurst(const LinkProfileOptions& o) {
+  return o.burst_probe_bytes > kSmallBytes && o.burst_probe_bytes < o.message_bytes;
+}
+
 // The messages of one pair's exchange, in order: a warm-up and the timed
-// 8-byte round trips, then the warm-ups and the timed large ones.
+// 8-byte round trips, the warm-ups and the timed burst probes (where
+// ProbesBurst), then the warm-ups and the timed large ones (last, for
+// CpuMeter).
 std::vector<std::pair<int64_t, bool>> Exchange(const LinkProfileOptions& o) {
   std::vector<std::pair<int64_t, bool>> out;  // (bytes, timed)
   out.push_back({kSmallBytes, false});
   for (int i = 0; i < std::max(1, o.latency_round_trips); ++i) {
     out.push_back({kSmallBytes, true});
+  }
+  if (ProbesBurst(o)) {
+    for (int i = 0; i < std::max(1, o.warmup_round_trips); ++i) {
+      out.push_back({o.burst_probe_bytes, false});
+    }
+    for (int i = 0; i < std::max(1, o.round_trips); ++i) {
+      out.push_back({o.burst_probe_bytes, true});
+    }
   }
   for (int i = 0; i < std::max(1, o.warmup_round_trips); ++i) {
     out.push_back({o.message_bytes, false});
@@ -183,12 +203,14 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
                                  const LinkProfileOptions& o) {
   const at::Tensor small = torch::zeros({kSmallBytes}, torch::kUInt8);
   const at::Tensor large = torch::zeros({o.message_bytes}, torch::kUInt8);
-  std::vector<double> small_rtt, large_rtt;
+  const at::Tensor probe = large.narrow(0, 0, ProbesBurst(o) ? o.burst_probe_bytes : 1);
+  std::vector<double> small_rtt, large_rtt, probe_rtt;
   const auto exchange = Exchange(o);
-  CpuMeter cpu;
+  CpuMeter cpu(o.message_bytes);
   int64_t tag = 0;
   for (const auto& [bytes, timed] : exchange) {
-    const at::Tensor& message = bytes == kSmallBytes ? small : large;
+    const at::Tensor& message =
+        bytes == kSmallBytes ? small : bytes == o.message_bytes ? large : probe;
     if (absl::Status s = t.ExpectRecv(peer, tag + 1, bytes); !s.ok()) return s;
     cpu.Before(bytes, timed);
     const Clock::time_point start = Clock::now();
@@ -197,7 +219,10 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
     if (!echo.ok()) return echo.status();
     const double rtt =
         std::chrono::duration<double>(Clock::now() - start).count();
-    if (timed) (bytes == kSmallBytes ? small_rtt : large_rtt).push_back(rtt);
+    if (timed) {
+      (bytes == kSmallBytes ? small_rtt : bytes == o.message_bytes ? large_rtt : probe_rtt)
+          .push_back(rtt);
+    }
     cpu.After(bytes, timed);
     tag += 2;
   }
@@ -207,8 +232,13 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
   // One-way time of a large message, floored so a clock tick cannot make
   // the figure infinite.
   f.bandwidth = o.message_bytes / std::max(Median(large_rtt) / 2, 1e-9);
+  if (!probe_rtt.empty()) {
+    f.burst = FitBurst(static_cast<double>(o.burst_probe_bytes), Median(probe_rtt) / 2,
+                       static_cast<double>(o.message_bytes), Median(large_rtt) / 2,
+                       f.latency);
+  }
   at::Tensor figures =
-      torch::tensor(std::vector<double>{f.bandwidth, f.latency}, torch::kDouble)
+      torch::tensor(std::vector<double>{f.bandwidth, f.latency, f.burst}, torch::kDouble)
           .view(torch::kUInt8);
   if (absl::Status s = t.Send(peer, tag, figures); !s.ok()) return s;
   if (absl::Status s = t.Flush(); !s.ok()) return s;
@@ -218,7 +248,7 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
 // Rank `self` > `peer`: echoes every message, then takes the figures.
 absl::StatusOr<Figures> Respond(Transport& t, int peer,
                                 const LinkProfileOptions& o) {
-  CpuMeter cpu;
+  CpuMeter cpu(o.message_bytes);
   int64_t tag = 0;
   for (const auto& [bytes, timed] : Exchange(o)) {
     if (absl::Status s = t.ExpectRecv(peer, tag, bytes); !s.ok()) return s;
@@ -229,7 +259,7 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
     cpu.After(bytes, timed);
     tag += 2;
   }
-  constexpr int64_t kFiguresBytes = 2 * sizeof(double);
+  constexpr int64_t kFiguresBytes = 3 * sizeof(double);
   if (absl::Status s = t.ExpectRecv(peer, tag, kFiguresBytes); !s.ok()) {
     return s;
   }
@@ -240,7 +270,7 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
   if (absl::Status s = t.Flush(); !s.ok()) return s;
   const at::Tensor values = figures->view(torch::kDouble);
   return Figures{values[0].item<double>(), values[1].item<double>(),
-                 cpu_per_byte};
+                 values[2].item<double>(), cpu_per_byte};
 }
 
 // Median wall time of `timed` all-reduces of `bytes` of float32 over group
@@ -374,6 +404,7 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
       link.set_latency_seconds(f->latency);
       link.set_message_bytes(options.message_bytes);
       link.set_cpu_seconds_per_byte(f->cpu_per_byte);
+      link.set_burst_bytes(f->burst);
     }
   }
 
@@ -405,6 +436,16 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
 }
 
 }  // namespace
+
+double FitBurst(double probe_bytes, double probe_half, double large_bytes,
+                double large_half, double latency) {
+  if (!(large_bytes > probe_bytes) || !(large_half > probe_half) || probe_bytes <= 0) {
+    return 0;
+  }
+  const double rate = (large_bytes - probe_bytes) / (large_half - probe_half);
+  const double burst = probe_bytes - rate * std::max(0.0, probe_half - latency);
+  return std::clamp(burst, 0.0, probe_bytes / 2);
+}
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureLinks(
     const ProfileCommand& command, const LinkProfileOptions& options,

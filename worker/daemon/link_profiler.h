@@ -12,8 +12,9 @@
 //            its own pairs only, so pairs of disjoint ranks may overlap):
 //            rank i ping-pongs with rank j, one warm-up round trip then
 //            `latency_round_trips` of 8 bytes, `warmup_round_trips` then
-//            `round_trips` of `message_bytes`, and sends j its figures, so
-//            both report the same link;
+//            `round_trips` of `burst_probe_bytes` (when set) and of
+//            `message_bytes`, and sends j its figures, so both report the
+//            same link;
 //   reduce   every rank together: `warmup_round_trips`, then `round_trips`
 //            all-reduces of `message_bytes` of float32 (the median is
 //            reported); then one all-reduce of each rank's median, and
@@ -27,7 +28,8 @@
 //            so the store it hosts outlives its users.
 // Figures: latency = half the median 8-byte round trip; bandwidth =
 // message_bytes / half the median large round trip (latency included, since
-// the planner charges bytes / bandwidth per transfer).
+// the planner charges bytes / bandwidth per transfer); burst = FitBurst of
+// the two sizes' half round trips.
 //
 // Failure model: every wait is bounded by rendezvous.timeout (60 s when
 // unset); the join and leave waits also end with CANCELLED as soon as
@@ -75,9 +77,24 @@ struct LinkProfileOptions {
   // test must be given the same two figures.
   int64_t large_allreduce_bytes = int64_t{64} << 20;
   double large_allreduce_budget_seconds = 0.5;
+  // The second size timed for LinkMeasurement.burst_bytes; 0 or not below
+  // message_bytes: the burst is not measured. A token bucket reads fully
+  // up to half this size (the lab holds 100 KB at 100 Mbit/s, 250 KB at
+  // 1 Gbit/s); at 100 Mbit/s its round trips add ~1.1 s to the test.
+  int64_t burst_probe_bytes = int64_t{1} << 20;
   // Notified to abandon the test (the job was stopped); may be null.
   const absl::Notification* stop = nullptr;
 };
+
+// A token bucket's burst from ping-pong round trips of two sizes, each
+// message sent after the other direction's (so the bucket has refilled
+// when the message is at least twice the burst): with one-way times
+// `probe_half` for `probe_bytes` and `large_half` for `large_bytes`
+// (larger), the rate is their slope and the burst what the probe passed
+// beyond it: probe_bytes - rate * (probe_half - latency), within
+// [0, probe_bytes / 2]. 0 where the times do not rise with the size.
+double FitBurst(double probe_bytes, double probe_half, double large_bytes,
+                double large_half, double latency);
 
 // Measures the links between this worker (rank command.rendezvous.rank) and
 // every other rank of command.rendezvous; returns one LinkMeasurement per

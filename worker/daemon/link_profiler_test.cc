@@ -91,6 +91,11 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
   // One ping-pong, one figure: both ends report it.
   EXPECT_EQ(a.bandwidth_bytes_per_second(), b.bandwidth_bytes_per_second());
   EXPECT_EQ(a.latency_seconds(), b.latency_seconds());
+  // The burst, fitted from the 1 MiB probes and the 4 MiB messages: on
+  // loopback whatever the per-message costs make of it, within its bounds.
+  EXPECT_EQ(a.burst_bytes(), b.burst_bytes());
+  EXPECT_GE(a.burst_bytes(), 0);
+  EXPECT_LE(a.burst_bytes(), 512 << 10);
   // Both took part in a timed all-reduce of 4 MiB of float32 (the larger
   // one depends on this host's speed: see below).
   for (int rank = 0; rank < 2; ++rank) {
@@ -110,6 +115,37 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
               2.0 * cores / a.bandwidth_bytes_per_second())
         << link->from_worker();
   }
+}
+
+// tbf's one-way time for `bytes` after the link idled: `burst` of them at
+// once, the rest at `rate`, plus the latency.
+double Tbf(double bytes, double burst, double rate, double latency) {
+  return latency + std::max(0.0, bytes - burst) / rate;
+}
+
+TEST(FitBurstTest, ATokenBucketIsWhatTheProbePassedBeyondTheRate) {
+  const double lat = 0.2e-3, rate = 12.5e6, probe = 1 << 20, large = 4 << 20;
+  // The lab's bucket at 100 Mbit/s, and at 1 Gbit/s.
+  EXPECT_NEAR(FitBurst(probe, Tbf(probe, 100e3, rate, lat), large,
+                       Tbf(large, 100e3, rate, lat), lat),
+              100e3, 1);
+  EXPECT_NEAR(FitBurst(probe, Tbf(probe, 250e3, 10 * rate, lat), large,
+                       Tbf(large, 250e3, 10 * rate, lat), lat),
+              250e3, 1);
+  // A wire passes nothing at once.
+  EXPECT_NEAR(FitBurst(probe, Tbf(probe, 0, rate, lat), large, Tbf(large, 0, rate, lat), lat),
+              0, 1);
+  // A bucket the probe does not exhaust reads as half the probe (ping-pong
+  // refills it only in part), as does any larger one.
+  EXPECT_DOUBLE_EQ(FitBurst(probe, lat, large, Tbf(large, 2e6, rate, lat), lat), probe / 2);
+  // Times that do not rise with the size, or sizes out of order: none.
+  EXPECT_EQ(FitBurst(probe, 0.1, large, 0.1, lat), 0);
+  EXPECT_EQ(FitBurst(probe, 0.2, large, 0.1, lat), 0);
+  EXPECT_EQ(FitBurst(large, 0.1, probe, 0.2, lat), 0);
+  // Slower than the rate (a busy machine): never below 0.
+  EXPECT_EQ(FitBurst(probe, Tbf(probe, 0, rate, lat) + 0.01, large,
+                     Tbf(large, 0, rate, lat) + 0.01 * 1.0, 0),
+            0);
 }
 
 TEST(LinkProfilerTest, ThreeRanksMeasureEveryPair) {
