@@ -34,6 +34,10 @@ inline constexpr double kDefaultBandwidth = 1e9;
 struct Level {
   int fanout = 1;                      // units of the level below per group
   double bandwidth = kDefaultBandwidth;  // bytes/second between those units
+  // What such a link passes at once after it idled (a token bucket's
+  // burst, measured while profiling: LinkMeasurement.burst_bytes); 0: a
+  // wire. Only the in-flight depth bound credits it (optimizer.cc).
+  double burst_bytes = 0;
 };
 
 // The largest factor transfer_cpu_scale may hold, or TransferCpuPerByte

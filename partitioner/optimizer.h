@@ -184,6 +184,7 @@ struct StagePlan {
   double accumulate_seconds = 0;
   double output_bytes = 0;       // activations sent to the next stage
   double output_bandwidth = 0;   // bytes/s of the link to the next stage
+  double output_burst_bytes = 0;  // that link's Level::burst_bytes
   double allreduce_bandwidth = 0;  // bytes/s of the replicas' slowest link
   int weight_versions = 1;
   int in_flight = 1;

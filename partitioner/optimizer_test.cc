@@ -550,6 +550,32 @@ TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
     noted |= absl::StrContains(note, "stage 0's 2 micro-batches in flight do not cover");
   }
   EXPECT_TRUE(noted) << absl::StrJoin(bounded->notes, "; ");
+  // A link with a 250 kB token bucket passes that much of each 1 MB
+  // transfer at once: 2 x 0.75 MB at the rate, 0.12 s there and back, so
+  // (0.3 + 0.3 + 0.12) / 2 = 0.36 s a mini-batch, and the note says what
+  // the buckets took off. A bucket larger than the transfer leaves only
+  // the compute, which the stage time already bounds. The depth chosen
+  // to hide the link does not count on the bucket.
+  Cluster bucketed = *slow;
+  bucketed.levels[0].burst_bytes = 250e3;
+  absl::StatusOr<Plan> credited = PlanPipeline(g, bucketed, o);
+  ASSERT_TRUE(credited.ok()) << credited.status();
+  EXPECT_NEAR(credited->seconds_per_mini_batch, 0.36, 0.005);
+  EXPECT_DOUBLE_EQ(credited->stages[0].output_burst_bytes, 250e3);
+  noted = false;
+  for (const std::string& note : credited->notes) {
+    noted |= absl::StrContains(note, "ms of transfers there and back per micro-batch, net "
+                                     "of 40 ms for what the links' token buckets pass at once");
+  }
+  EXPECT_TRUE(noted) << absl::StrJoin(credited->notes, "; ");
+  bucketed.levels[0].burst_bytes = 2e6;
+  absl::StatusOr<Plan> covered = PlanPipeline(g, bucketed, o);
+  ASSERT_TRUE(covered.ok());
+  EXPECT_NEAR(covered->seconds_per_mini_batch, 0.3, 0.005);
+  o.max_in_flight = 0;
+  absl::StatusOr<Plan> deep_bucketed = PlanPipeline(g, bucketed, o);
+  ASSERT_TRUE(deep_bucketed.ok());
+  EXPECT_EQ(deep_bucketed->stages[0].in_flight_depth, 3);
   // Deep enough, the bound does not bind.
   EXPECT_NEAR(plan->seconds_per_mini_batch, 0.3, 0.005);
 }

@@ -36,6 +36,9 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
     if (level.bandwidth_bytes_per_second() > 0) {
       l.bandwidth = level.bandwidth_bytes_per_second();
     }
+    if (level.burst_bytes() > 0 && std::isfinite(level.burst_bytes())) {
+      l.burst_bytes = level.burst_bytes();
+    }
     product *= l.fanout;
     cluster.levels.push_back(l);
   }
