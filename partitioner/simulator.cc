@@ -82,21 +82,40 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
   // stage s reach the neighbour (-1: not sent yet). A link carries one
   // transfer at a time each way: a send waits for the one before it on
   // the same link and direction (link_free), so m micro-batches sent
-  // back to back arrive one wire time apart, not all at once.
+  // back to back arrive one wire time apart, not all at once. A link with
+  // a token bucket (StagePlan::output_burst_bytes) passes what the bucket
+  // holds at once; the bucket refills at the link's rate while that
+  // direction idles, up to its size, as tc's tbf does.
   std::vector<std::vector<double>> activations_arrive(p, std::vector<double>(n, -1));
   std::vector<std::vector<double>> gradients_arrive(p, std::vector<double>(n, -1));
   // (stage, replica, peer replica, forward?) -> when that link direction
-  // is free again.
-  std::map<std::tuple<int, int, int, bool>, double> link_free;
+  // is free again, and the bytes its bucket held then (starts full).
+  struct Direction {
+    double free = 0;
+    double tokens = -1;  // -1: full
+  };
+  std::map<std::tuple<int, int, int, bool>, Direction> link_free;
+  // Sends `bytes` over link `d` of `bandwidth` and `burst` once ready at
+  // `ready`; returns when they arrive.
+  const auto transfer = [](Direction& d, double ready, double bytes, double bandwidth,
+                           double burst) {
+    if (!(bandwidth > 0)) return d.free = std::max(d.free, ready);
+    const double start = std::max(d.free, ready);
+    double tokens = d.tokens < 0 ? burst : d.tokens;
+    tokens = std::min(burst, tokens + (start - d.free) * bandwidth);
+    const double lent = std::min(tokens, bytes);
+    d.free = start + (bytes - lent) / bandwidth;
+    d.tokens = tokens - lent;
+    return d.free;
+  };
   std::vector<std::vector<Collective>> allreduces(
       p, std::vector<Collective>(options.iterations + 1));
   // When every replica of stage s had applied update v.
   std::vector<std::vector<double>> update_done(
       p, std::vector<double>(options.iterations + 1, 0));
-  std::vector<double> comm(p, 0), allreduce(p, 0);
+  std::vector<double> allreduce(p, 0);
   for (int s = 0; s < p; ++s) {
     const StagePlan& st = plan.stages[s];
-    if (st.output_bandwidth > 0) comm[s] = st.output_bytes / st.output_bandwidth;
     const int r = st.replicas;
     if (r > 1 && st.allreduce_bandwidth > 0) {
       // One ring all-reduce per iteration, as the runtime runs it and the
@@ -174,13 +193,15 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
           result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
         }
         if (op.type == Op::kSendActivations) {
-          double& free = link_free[{s, rep.index, op.peer, true}];
-          free = std::max(free, end) + comm[s];
-          activations_arrive[s][op.micro_batch] = free;
+          const StagePlan& out = plan.stages[s];
+          activations_arrive[s][op.micro_batch] =
+              transfer(link_free[{s, rep.index, op.peer, true}], end, out.output_bytes,
+                       out.output_bandwidth, std::max(0.0, out.output_burst_bytes));
         } else if (op.type == Op::kSendGradients) {
-          double& free = link_free[{s, rep.index, op.peer, false}];
-          free = std::max(free, end) + comm[s - 1];
-          gradients_arrive[s][op.micro_batch] = free;
+          const StagePlan& in = plan.stages[s - 1];
+          gradients_arrive[s][op.micro_batch] =
+              transfer(link_free[{s, rep.index, op.peer, false}], end, in.output_bytes,
+                       in.output_bandwidth, std::max(0.0, in.output_burst_bytes));
         } else if (op.type == Op::kUpdate) {
           update_done[s][op.weight_version] =
               std::max(update_done[s][op.weight_version], end);

@@ -51,9 +51,14 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   if (!kind.ok()) return kind.status();
 
   const apapo::v1::ClusterSpec& spec = response.cluster();
-  double bandwidth = pt::kDefaultBandwidth;
+  double bandwidth = pt::kDefaultBandwidth, burst = 0;
   if (spec.levels_size() > 0 && spec.levels(0).bandwidth_bytes_per_second() > 0) {
     bandwidth = spec.levels(0).bandwidth_bytes_per_second();
+  }
+  // The level's token bucket, as the planner's depth bound takes it.
+  if (spec.levels_size() > 0 && spec.levels(0).burst_bytes() > 0 &&
+      std::isfinite(spec.levels(0).burst_bytes())) {
+    burst = spec.levels(0).burst_bytes();
   }
   pt::Cluster cluster;
   std::map<std::string, int> worker_index;
@@ -125,6 +130,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
           (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
     }
     st.output_bandwidth = bandwidth;
+    st.output_burst_bytes = burst;
     st.allreduce_bandwidth = bandwidth;
     st.in_flight_depth = stage.in_flight_depth();
     p.stages.push_back(std::move(st));

@@ -1,5 +1,7 @@
 #include "planning/simulated_trace.h"
 
+#include <cstdio>
+
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
@@ -81,6 +83,26 @@ TEST(SimulatedTraceTest, TheRateIsTheBottleneckStagesOnTheGivenProfile) {
   r.mutable_profile()->clear_batch_size();
   EXPECT_EQ(SimulatedSamplesPerSecond(r).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A slow link (50 kB/s: 10 ms each way for a micro-batch's 500 bytes)
+// binds the pipeline. A 400-byte token bucket on it passes most of each
+// transfer at once while the link idles, so stage 0's micro-batches come
+// back sooner; but over time the link carries no more than its rate, 500
+// bytes a micro-batch each 10 ms: at most 8 samples per 20 ms.
+TEST(SimulatedTraceTest, ALinksTokenBucketShortensItsTransfersButNotItsRate) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  auto* level = r.mutable_cluster()->add_levels();
+  level->set_group_size(2);
+  level->set_bandwidth_bytes_per_second(50e3);
+  absl::StatusOr<double> wire = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  level->set_burst_bytes(400);
+  absl::StatusOr<double> bucket = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(bucket.ok()) << bucket.status();
+  EXPECT_GT(*bucket, 1.1 * *wire);
+  EXPECT_LE(*bucket, 1.01 * 8 / 0.020);
+  std::printf("wire %.1f, bucket %.1f samples/s\n", *wire, *bucket);
 }
 
 TEST(SimulatedTraceTest, TheMeasuredCopiesLengthenEveryStagesPasses) {
