@@ -84,7 +84,7 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   // ", token bucket 97.7 KiB" where a link passes that much at once after
   // it idled (LinkMeasurement.burst_bytes).
   const auto bucket = [](double bytes) {
-    return bytes >= 1 ? absl::StrCat(", token bucket ",
+    return bytes >= 1 && std::isfinite(bytes) ? absl::StrCat(", token bucket ",
                                      FormatBytes(static_cast<int64_t>(bytes)))
                       : std::string();
   };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -381,6 +382,11 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
                                "100.0 KiB (measured with 4.0 MiB messages)\n"));
   EXPECT_THAT(table, HasSubstr("  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU "
                                "per byte (measured with 4.0 MiB messages)\n"));
+  // A worker's figure that is not finite is not printed.
+  r.mutable_cluster()->mutable_links(0)->set_burst_bytes(
+      std::numeric_limits<double>::infinity());
+  EXPECT_THAT(FormatPlan(r), HasSubstr("  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns "
+                                       "of CPU per byte (measured with 4.0 MiB messages)\n"));
 
   r.mutable_cluster()->clear_links();
   level->set_burst_bytes(0);

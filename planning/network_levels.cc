@@ -84,7 +84,9 @@ NetworkLevels InferNetworkLevels(
       p.bandwidth = l.bandwidth_bytes_per_second();
     }
     p.latency = std::max(p.latency, l.latency_seconds());
-    const double burst = std::max(0.0, l.burst_bytes());
+    // A worker's figure: one that is not finite and positive counts as none.
+    const double burst =
+        std::isfinite(l.burst_bytes()) && l.burst_bytes() > 0 ? l.burst_bytes() : 0;
     p.burst = inserted ? burst : std::min(p.burst, burst);
   }
   std::vector<Pair> pairs;

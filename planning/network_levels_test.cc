@@ -1,6 +1,7 @@
 #include "planning/network_levels.h"
 
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <string>
 #include <utility>
@@ -139,6 +140,15 @@ TEST(NetworkLevelsTest, ALevelsTokenBucketIsTheSmallestOfItsPairs) {
                                    Link("a", "c", 0.1)});
   ASSERT_EQ(mixed.levels.size(), 1u);
   EXPECT_DOUBLE_EQ(mixed.levels[0].burst_bytes(), 0);
+  // A worker's figure that is not finite counts as no bucket.
+  for (double bad : {std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN(), -5.0}) {
+    auto l = Link("w-1", "w-2", 0.0122);
+    l.set_burst_bytes(bad);
+    auto levels_bad = InferNetworkLevels(two, {l});
+    ASSERT_EQ(levels_bad.levels.size(), 1u);
+    EXPECT_EQ(levels_bad.levels[0].burst_bytes(), 0) << bad;
+  }
 }
 
 TEST(NetworkLevelsTest, NothingMeasuredLeavesTheBandwidthToTheCaller) {
