@@ -87,6 +87,11 @@ ABSL_FLAG(absl::Duration, growth_min_remaining, absl::Minutes(1),
           "worker in (a restart) only with at least this much training left.");
 ABSL_FLAG(absl::Duration, growth_check_every, absl::Seconds(10),
           "How often such a job is re-planned with the idle workers there.");
+ABSL_FLAG(double, remeasure_below_speed, 0.8,
+          "A worker whose profile computes below this fraction of the fastest "
+          "of its job's workers is profiled once more, alone, and the faster "
+          "profile kept (a slow spell while profiling would otherwise plan it "
+          "as slow for the whole job). 0 never does; at most 1.");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Comma-separated directories a job spec may name files under "
           "(data, TorchScript, checkpoints); anything else is refused at "
@@ -160,6 +165,13 @@ int Run() {
     return kExitUsage;
   }
 
+  const double remeasure = absl::GetFlag(FLAGS_remeasure_below_speed);
+  if (!(remeasure >= 0 && remeasure <= 1)) {
+    std::cerr << "apapo-coordinator: --remeasure_below_speed must be in 0..1, got "
+              << remeasure << "\n";
+    return kExitUsage;
+  }
+
   absl::StatusOr<std::vector<std::string>> data_roots =
       apapo::ParseDataRoots(absl::GetFlag(FLAGS_data_roots), "--data_roots");
   if (!data_roots.ok()) {
@@ -188,6 +200,7 @@ int Run() {
   options.scheduler.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.scheduler.growth_min_remaining = absl::GetFlag(FLAGS_growth_min_remaining);
   options.scheduler.growth_check_every = absl::GetFlag(FLAGS_growth_check_every);
+  options.scheduler.remeasure_below_speed = remeasure;
   options.scheduler.checkpoint_every_steps =
       std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every_steps));
 

@@ -325,6 +325,8 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.core_set_members.clear();
   a.core_set_elsewhere.clear();
   a.plan_ready = false;
+  a.remeasuring.clear();
+  a.remeasure_checked = false;
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
   *a.profile.mutable_spec() = a.spec;
@@ -363,6 +365,81 @@ void Scheduler::SendProfile(ActiveJob& a, int rank) {
     return;
   }
   if (rank == 0) a.profile_host_command = *command;
+}
+
+bool Scheduler::MaybeRemeasure(ActiveJob& a) {
+  if (a.remeasure_checked || options_.remeasure_below_speed <= 0 || a.workers.size() < 2) {
+    return false;
+  }
+  a.remeasure_checked = true;
+  double fastest = 0;  // the least total compute
+  for (const std::string& w : a.workers) {
+    const double t = TotalCompute(a.profiles[w].profile());
+    if (t > 0 && (fastest == 0 || t < fastest)) fastest = t;
+  }
+  if (fastest <= 0) return false;
+  std::vector<std::string> slow;
+  for (const std::string& w : a.workers) {
+    const apapo::v1::ProfileResult& r = a.profiles[w];
+    // A worker whose cores the job's others crowded while it profiled had
+    // its profile scaled to alone (NoteSharedCores); profiled alone, it
+    // would be scaled for company it did not have.
+    const apapo::v1::WorkerResources& res = r.resources();
+    if (!res.core_set().empty() &&
+        planning::ShareOfCores(res.core_set_size(), std::max(1, res.threads()),
+                               std::max(1, a.core_set_members[res.core_set()]),
+                               a.core_set_elsewhere[res.core_set()]) < 1) {
+      continue;
+    }
+    const double t = TotalCompute(r.profile());
+    if (t > 0 && fastest / t < options_.remeasure_below_speed) slow.push_back(w);
+  }
+  if (slow.empty()) return false;
+  apapo::v1::CoordinatorMessage m;
+  *m.mutable_profile() = a.profile;
+  m.mutable_profile()->clear_rendezvous();  // the model alone: links stand
+  m.mutable_profile()->clear_peers();
+  for (const std::string& w : slow) {
+    const double speed = fastest / TotalCompute(a.profiles[w].profile());
+    if (!registry_->Send(w, m).ok()) {
+      Finish(a.id, apapo::v1::JOB_STATE_FAILED,
+             absl::StrCat("worker ", w, " disconnected before profiling"),
+             absl::StatusCode::kUnavailable, /*stop_workers=*/true);
+      return true;
+    }
+    a.remeasuring.insert(w);
+    jobs_->RecordEvent(a.id, absl::StrFormat(
+                                 "%s computed at %.2fx the fastest worker's speed: "
+                                 "profiling it once more, alone",
+                                 w, speed))
+        .IgnoreError();
+  }
+  a.deadline = clock_->Now() + options_.profile_timeout;
+  return true;
+}
+
+void Scheduler::KeepFasterProfile(ActiveJob& a, const std::string& worker_id,
+                                  apapo::v1::ProfileResult second) {
+  apapo::v1::ProfileResult& first = a.profiles[worker_id];
+  NoteSharedCores(a, worker_id, &second);
+  const double before = TotalCompute(first.profile());
+  const double after = TotalCompute(second.profile());
+  const bool faster = after > 0 && after < before;
+  jobs_->RecordEvent(a.id, absl::StrFormat(
+                               "%s profiled again: %.2fx the time of its first "
+                               "profile; %s",
+                               worker_id, before > 0 ? after / before : 0.0,
+                               faster ? "the second is kept"
+                                      : "the first is kept"))
+      .IgnoreError();
+  if (!faster) return;
+  // The link test ran only in the first round.
+  *second.mutable_links() = first.links();
+  if (first.has_allreduce()) *second.mutable_allreduce() = first.allreduce();
+  if (first.has_large_allreduce()) {
+    *second.mutable_large_allreduce() = first.large_allreduce();
+  }
+  first = std::move(second);
 }
 
 std::optional<apapo::v1::WorkerInfo> Scheduler::SetCoreSet(
@@ -930,9 +1007,15 @@ void Scheduler::OnWorkerMessage(const std::string& worker_id,
     case apapo::v1::WorkerMessage::kProfileResult: {
       ActiveJob* a = FindByWorker(worker_id, message.profile_result().job_id());
       if (a == nullptr || a->phase != Phase::kProfiling) return;
-      apapo::v1::ProfileResult& r = a->profiles[worker_id] = message.profile_result();
-      NoteSharedCores(*a, worker_id, &r);
-      if (a->profiles.size() == a->workers.size()) {
+      if (a->remeasuring.erase(worker_id) > 0) {
+        KeepFasterProfile(*a, worker_id, message.profile_result());
+      } else {
+        apapo::v1::ProfileResult& r = a->profiles[worker_id] = message.profile_result();
+        NoteSharedCores(*a, worker_id, &r);
+      }
+      if (a->profiles.size() == a->workers.size() && a->remeasuring.empty()) {
+        const std::string id = a->id;
+        if (MaybeRemeasure(*a) || !active_.count(id)) return;
         a->plan_ready = true;
         dirty_ = true;
       }
@@ -1519,7 +1602,7 @@ void Scheduler::CheckDeadlines() {
     std::vector<std::string> missing;
     if (a.phase == Phase::kProfiling) {
       for (const auto& w : a.workers) {
-        if (!a.profiles.count(w)) missing.push_back(w);
+        if (!a.profiles.count(w) || a.remeasuring.count(w)) missing.push_back(w);
       }
     } else {
       for (const auto& [cmd, w] : a.pending_assign) missing.push_back(w);

@@ -204,6 +204,15 @@ class SchedulerTest : public ::testing::Test {
     StartProfiling();
     Profile("w-1", id, 1.0);
     Profile("w-2", id, 2.0);
+    if (core_set.empty() || cores >= 2) {  // a core each (not scaled)
+      // Measured at half w-1's speed: profiled once more, and as slow.
+      CoordinatorMessage again = Next("w-2");
+      EXPECT_TRUE(again.has_profile());
+      EXPECT_FALSE(again.profile().has_rendezvous());
+      scheduler_.RunOnce();
+      EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+      Profile("w-2", id, 2.0);
+    }
     scheduler_.RunOnce();
     EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
     CoordinatorMessage a0 = Next("w-1");
@@ -518,6 +527,103 @@ apapo::v1::LinkMeasurement Link(const std::string& from, const std::string& to,
   l.set_latency_seconds(latency);
   l.set_message_bytes(4 << 20);
   return l;
+}
+
+// All of a job's events, one per line.
+std::string Events(JobManager& jobs, const std::string& id) {
+  std::string events;
+  const auto change = jobs.WaitForChange(id, -1, 0, absl::InfinitePast());
+  if (!change.ok()) return change.status().ToString();
+  for (const auto& e : change->events) events += e.message() + "\n";
+  return events;
+}
+
+// w-2 profiled at 0.4x w-1's speed in a slow spell: it is profiled once
+// more, alone (no link test), before anything is planned; its faster
+// second profile is what the planner gets, with the first's links.
+TEST_F(SchedulerTest, AWorkerProfiledSlowIsProfiledAgainAndTheFasterProfileKept) {
+  // Two one-thread workers on a 2-core set: a core each, measured as is.
+  AddWorker("w-1", "127.0.0.1", "boot/0-1", 2);
+  AddWorker("w-2", "127.0.0.1", "boot/0-1", 2);
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0, {Link("w-1", "w-2", 3.0e8, 1e-4)});
+  Profile("w-2", id, 2.5, {Link("w-2", "w-1", 2.5e8, 2e-4)});
+  EXPECT_FALSE(HasCommand("w-1"));
+  CoordinatorMessage again = Next("w-2");
+  ASSERT_TRUE(again.has_profile());
+  EXPECT_EQ(again.profile().job_id(), id);
+  EXPECT_FALSE(again.profile().has_rendezvous());
+  EXPECT_EQ(again.profile().peers_size(), 0);
+  EXPECT_EQ(again.profile().spec().name(), "s");
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);  // waits for it
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+  Profile("w-2", id, 1.1);
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_NEAR(planner_.seen_cluster.workers(1).relative_speed(), 1.0 / 1.1, 1e-9);
+  EXPECT_EQ(planner_.seen_cluster.links_size(), 2);  // the first round's
+  const std::string events = Events(jobs_, id);
+  EXPECT_THAT(events, HasSubstr("w-2 computed at 0.40x the fastest worker's speed: "
+                                "profiling it once more, alone"));
+  EXPECT_THAT(events, HasSubstr("w-2 profiled again: 0.44x the time of its first "
+                                "profile; the second is kept"));
+  EXPECT_THAT(events, ::testing::Not(HasSubstr("w-1 computed at")));
+}
+
+// Slow again (or slower): the first profile stands, and only once.
+TEST_F(SchedulerTest, AWorkerSlowTwiceKeepsItsFasterProfileAndIsPlannedSlow) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 2.0);
+  ASSERT_TRUE(Next("w-2").has_profile());
+  Profile("w-2", id, 3.0);
+  EXPECT_FALSE(HasCommand("w-2"));
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.5);
+  EXPECT_THAT(Events(jobs_, id), HasSubstr("w-2 profiled again: 1.50x the time of its "
+                                           "first profile; the first is kept"));
+}
+
+// Within remeasure_below_speed (0.8) nobody is profiled again. (Workers
+// that share a core set with the job's others never are: their profiles
+// were scaled to alone; WorkersSharingACoreAreProfiledAsAlone plans w-2 at
+// 0.5x without a second profile.)
+TEST_F(SchedulerTest, WorkersNearTheFastestAreNotProfiledAgain) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 1.2);
+  EXPECT_FALSE(HasCommand("w-2"));
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 2);
+}
+
+TEST_F(SchedulerTest, ASecondProfileThatDoesNotComeFailsTheJobNamingTheWorker) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 2.0);
+  ASSERT_TRUE(Next("w-2").has_profile());
+  clock_.Advance(Options().profile_timeout + absl::Seconds(1));
+  scheduler_.RunOnce();
+  auto job = jobs_.Get(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), apapo::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job->error(), HasSubstr("profiling did not finish in time; waiting on w-2"));
 }
 
 TEST_F(SchedulerTest, TheSlowestMeasuredLinkIsTheClustersBandwidth) {

@@ -149,6 +149,12 @@ class BinariesTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--port must be in 0..65535", r.stderr)
+        for bad in ("1.5", "-0.1", "nan"):
+            r = subprocess.run([exe, "--port=0", "--state=:memory:",
+                                f"--remeasure_below_speed={bad}"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, bad)
+            self.assertIn("--remeasure_below_speed must be in 0..1", r.stderr)
 
     def test_coordinator_unwritable_state_is_a_clear_error(self):
         exe = t.binary("coordinator", "apapo-coordinator")

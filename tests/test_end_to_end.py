@@ -258,16 +258,19 @@ class CpuQuota:
         starts later are born in it)."""
         self._write("cgroup.procs", pid)
 
-    def hold_stages(self, daemon_pid):
-        """From now on, every stage process daemon `daemon_pid` runs is put
-        in the group within 20 ms of its start (the daemon itself is not:
-        its share of the quota would land as idle time, not compute)."""
+    def hold_stages(self, daemon_pid, flag="--run_assignment", most=None):
+        """From now on, every stage process daemon `daemon_pid` runs (child
+        with `flag` on its command line) is put in the group within 20 ms of
+        its start, the first `most` of them if given (the daemon itself is
+        not: its share of the quota would land as idle time, not compute)."""
         held = set()
 
         def run():
             while not self._stop.wait(0.02):
-                for pid in children_with(daemon_pid, "--run_assignment"):
-                    if pid not in held:
+                if most is not None and len(held) >= most:
+                    return
+                for pid in children_with(daemon_pid, flag):
+                    if pid not in held and (most is None or len(held) < most):
                         try:
                             self.add(pid)
                             held.add(pid)
@@ -366,6 +369,55 @@ class ReplanOnMeasurementTest(unittest.TestCase):
             t.wait_until(lambda: not t.child_processes(set(daemons.values()),
                                                        "--run_assignment"), 60,
                          "the stage processes to end")
+            t.wait_until(lambda: set(c.worker_states().values()) ==
+                         {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
+        finally:
+            c.close()
+            quota.close()
+
+
+class RemeasureTest(unittest.TestCase):
+    def test_a_worker_slowed_while_profiling_is_profiled_again_and_planned_at_speed(self):
+        """w-2's first profiling process is held to a quarter of a core by a
+        cpu cgroup (a slow spell on its host); its second is not. The
+        coordinator sees w-2 compute far below w-1, profiles it once more,
+        keeps the faster profile, and plans the job with w-2 at about w-1's
+        speed; the job trains to the end, and nothing is left running or
+        in the group."""
+        try:
+            quota = CpuQuota(0.25)
+        except OSError as e:
+            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
+        c = Cluster(workers=2)
+        try:
+            s = spec(steps=60)
+            # Wide layers: each pass computes for longer than the quota's
+            # 4 ms period, so the quota stretches the compute itself.
+            s.model.builtin.hyper_parameters["hidden"].i = 2048
+            daemons = {w: c.workers[w].proc.pid for w in ("w-1", "w-2")}
+            quota.hold_stages(daemons["w-2"], flag="--run_profile", most=1)
+            job, events = c.run_to_end(c.submit(s))
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            text = "\n".join(events)
+            print("\n" + "\n".join(e for e in events if "profil" in e and "w-2" in e),
+                  flush=True)
+            first = re.search(r"w-2 computed at ([0-9.]+)x the fastest worker's speed: "
+                              r"profiling it once more, alone", text)
+            self.assertIsNotNone(first, text)
+            self.assertLess(float(first.group(1)), 0.8)
+            again = re.search(r"w-2 profiled again: ([0-9.]+)x the time of its first "
+                              r"profile; the second is kept", text)
+            self.assertIsNotNone(again, text)
+            self.assertNotIn("w-1 computed at", text)
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
+            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+            print(f"planned speeds: {speeds}", flush=True)
+            self.assertGreater(speeds.get("w-2", 0), 0.8, speeds)
+            # The link test ran once, in the first round, and its figures stand.
+            self.assertEqual({(l.from_worker, l.to_worker) for l in plan.cluster.links},
+                             {("w-1", "w-2"), ("w-2", "w-1")})
+            t.wait_until(lambda: not t.child_processes(set(daemons.values()), "--run_"),
+                         60, "the profiling and stage processes to end")
             t.wait_until(lambda: set(c.worker_states().values()) ==
                          {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
         finally:
