@@ -142,6 +142,20 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
     costs.emplace_back(static_cast<double>(c.rows()), c.scale());
   }
   graph.set_micro_batch_costs(std::move(costs));
+  // Read by SplitProfile, not the graph: checked here so that a profile
+  // with a bad one fails planning naming it, rather than never splitting.
+  for (int i = 0; i < profile.split_costs_size(); ++i) {
+    const apapo::v1::SplitCost& c = profile.split_costs(i);
+    if (c.parts() < 2 || (i > 0 && c.parts() <= profile.split_costs(i - 1).parts())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split_costs[", i, "].parts must be >= 2 and ascending, got ", c.parts()));
+    }
+    if (!std::isfinite(c.scale()) || c.scale() < 1 || c.scale() > kMaxSplitScale) {
+      return absl::InvalidArgumentError(absl::StrCat("split_costs[", i,
+                                                     "].scale must be in [1, ",
+                                                     kMaxSplitScale, "], got ", c.scale()));
+    }
+  }
   graph.set_accumulate_seconds_per_byte(profile.accumulate_seconds_per_byte());
   for (const apapo::v1::NodeProfile& n : profile.nodes()) {
     const int to = graph.FindNode(n.id());
@@ -174,12 +188,27 @@ std::vector<std::string> SplitCandidates(const apapo::v1::ModelProfile& profile,
   return out;
 }
 
+double SplitScale(const apapo::v1::ModelProfile& profile, int parts) {
+  double scale = 1;
+  for (const apapo::v1::SplitCost& c : profile.split_costs()) {
+    if (c.parts() > parts) break;
+    if (std::isfinite(c.scale()) && c.scale() >= 1 && c.scale() <= kMaxSplitScale) {
+      scale = c.scale();
+    }
+  }
+  return scale;
+}
+
 absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
     const apapo::v1::ModelProfile& profile,
     const std::vector<std::pair<std::string, int>>& splits) {
   apapo::v1::ModelProfile out = profile;
   std::set<std::string> ids;
-  for (const auto& n : profile.nodes()) ids.insert(n.id());
+  double total_params = 0;
+  for (const auto& n : profile.nodes()) {
+    ids.insert(n.id());
+    total_params += static_cast<double>(n.parameter_bytes());
+  }
   std::set<std::string> done;
   for (const auto& [id, parts] : splits) {
     const std::string where = absl::StrCat("split of '", id, "'");
@@ -200,6 +229,15 @@ absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
           where, ": parts must be in [2, split_width = ", node.split_width(),
           "], got ", parts));
     }
+    // The parts together compute `scale` times the node (split_costs);
+    // the optimizer's update, in the backward by parameter bytes, does not
+    // change with the split.
+    const double scale = SplitScale(profile, parts);
+    const double update =
+        total_params > 0 ? profile.update_seconds() *
+                               static_cast<double>(node.parameter_bytes()) / total_params
+                         : 0;
+    const double backward = std::max(0.0, node.backward_seconds() - update);
     apapo::v1::NodeProfile concat;
     concat.set_id(id);
     concat.set_activation_bytes(node.activation_bytes());
@@ -212,8 +250,8 @@ absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": the profile already has a node '", part.id(), "'"));
       }
-      part.set_forward_seconds(node.forward_seconds() / parts);
-      part.set_backward_seconds(node.backward_seconds() / parts);
+      part.set_forward_seconds(node.forward_seconds() * scale / parts);
+      part.set_backward_seconds((backward * scale + update) / parts);
       part.set_activation_bytes(node.activation_bytes() / parts);
       part.set_parameter_bytes(node.parameter_bytes() / parts);
       part.set_workspace_bytes(node.workspace_bytes() / parts);

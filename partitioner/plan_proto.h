@@ -44,11 +44,22 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile);
 std::vector<std::string> SplitCandidates(const apapo::v1::ModelProfile& profile,
                                          double min_share);
 
+// The most a split may cost, as a multiple of the whole layer (ModelProfile.
+// split_costs; the worker's measurements are bounded by it too).
+inline constexpr double kMaxSplitScale = 4.0;
+
+// What a node split in `parts` computes as a multiple of the whole node:
+// the profile's split_costs entry for `parts`, else the nearest below it,
+// else 1.
+double SplitScale(const apapo::v1::ModelProfile& profile, int parts);
+
 // The profile of the split graph (worker/model_graph.h's SplitLinearLayers
-// applied to the measured model): each split node's time, activation and
-// parameter bytes are shared evenly by its parts "<id>/i"; the concat that
-// keeps the id costs no time and outputs the node's activations. Errors
-// name the split (unknown node, not splittable, parts out of range).
+// applied to the measured model): each split node's activation and
+// parameter bytes are shared evenly by its parts "<id>/i", and its time
+// too, times SplitScale (the optimizer's update in its backward is not
+// scaled); the concat that keeps the id costs no time (its copy is in the
+// scale) and outputs the node's activations. Errors name the split
+// (unknown node, not splittable, parts out of range).
 absl::StatusOr<apapo::v1::ModelProfile> SplitProfile(
     const apapo::v1::ModelProfile& profile,
     const std::vector<std::pair<std::string, int>>& splits);

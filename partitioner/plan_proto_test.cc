@@ -1,10 +1,12 @@
 #include "partitioner/plan_proto.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "partitioner/pipedream_format.h"
 #include "partitioner/testdata.h"
@@ -78,6 +80,58 @@ TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
   EXPECT_FALSE(SplitProfile(p, {{"out", 2}}).ok());  // split_width 0
   EXPECT_FALSE(SplitProfile(p, {{"fc", 11}}).ok());
   EXPECT_FALSE(SplitProfile(p, {{"zz", 2}}).ok());
+}
+
+// Measured split costs: 4 parts compute 1.2x the whole node, the update
+// in its backward excepted; 8 parts fall back to the nearest count below
+// (4), 2 parts to none (1).
+TEST(PlanProtoTest, SplitProfileChargesTheMeasuredSplitCost) {
+  apapo::v1::ModelProfile p;
+  auto* a = p.add_nodes();
+  a->set_id("a");
+  a->set_forward_seconds(1);
+  auto* fc = p.add_nodes();
+  fc->set_id("fc");
+  fc->add_inputs("a");
+  fc->set_forward_seconds(0.4);
+  fc->set_backward_seconds(0.9);  // 0.8 computed + 0.1 of update
+  fc->set_parameter_bytes(4000);
+  fc->set_split_width(16);
+  p.set_update_seconds(0.1);  // all fc's: a has no parameters
+  auto* c4 = p.add_split_costs();
+  c4->set_parts(4);
+  c4->set_scale(1.2);
+  EXPECT_DOUBLE_EQ(SplitScale(p, 2), 1.0);
+  EXPECT_DOUBLE_EQ(SplitScale(p, 4), 1.2);
+  EXPECT_DOUBLE_EQ(SplitScale(p, 8), 1.2);
+  for (int parts : {2, 4, 8}) {
+    auto split = SplitProfile(p, {{"fc", parts}});
+    ASSERT_TRUE(split.ok()) << split.status();
+    double forward = 0, backward = 0;
+    for (const auto& n : split->nodes()) {
+      if (n.id().rfind("fc/", 0) == 0) {
+        forward += n.forward_seconds();
+        backward += n.backward_seconds();
+      }
+    }
+    const double scale = parts == 2 ? 1.0 : 1.2;
+    EXPECT_NEAR(forward, 0.4 * scale, 1e-12) << parts;
+    EXPECT_NEAR(backward, 0.8 * scale + 0.1, 1e-12) << parts;
+    EXPECT_TRUE(GraphFromProfile(*split).ok());
+  }
+  // A profile whose split costs are out of range fails naming the field.
+  for (double bad : {0.5, 5.0, std::nan("")}) {
+    c4->set_scale(bad);
+    absl::Status st = GraphFromProfile(p).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(st.message()), testing::HasSubstr("split_costs[0].scale"));
+    EXPECT_DOUBLE_EQ(SplitScale(p, 4), 1.0) << bad;  // not charged
+  }
+  c4->set_scale(1.2);
+  p.add_split_costs()->set_parts(2);
+  p.mutable_split_costs(1)->set_scale(1.1);
+  EXPECT_THAT(std::string(GraphFromProfile(p).status().message()),
+              testing::HasSubstr("split_costs[1].parts must be >= 2 and ascending"));
 }
 
 TEST(PlanProtoTest, ReadsTextAndJsonProfiles) {

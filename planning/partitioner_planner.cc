@@ -487,9 +487,10 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
 
   // Wide Linear layers split column-wise give the DP finer cut points: an
   // mlp whose whole-layer cuts leave 38% | 62% of the work balances to
-  // ~50% | 50% with a layer cut in eighths. Kept only when the predicted
-  // throughput gains more than kMinSplitGain (each part's GEMM is smaller,
-  // which the even cost split does not charge).
+  // ~50% | 50% with a layer cut in eighths. The parts cost what the worker
+  // measured the model split that way to cost (ModelProfile.split_costs:
+  // each part's GEMM is smaller). Kept only when the predicted throughput
+  // gains more than kMinSplitGain, the margin of the cost model's error.
   constexpr double kMinSplitGain = 1.03;
   std::vector<std::pair<std::string, int>> splits;
   const double unsplit_samples_per_second = plan->samples_per_second;

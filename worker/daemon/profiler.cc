@@ -48,6 +48,9 @@ constexpr int kDefaultMicroBatches = 1;
 // one in training).
 constexpr size_t kMaxCostedSizes = 4;
 constexpr int64_t kMinCostedRows = 2;
+// The share of the compute from which a Linear layer is a split candidate
+// (planning/partitioner_planner.cc passes the same to SplitCandidates).
+constexpr double kSplitMinShare = 0.05;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -90,6 +93,20 @@ struct Calibration {
   // parameter byte, fastest pass; 0 when there are none.
   double accumulate_seconds_per_byte = 0;
   std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
+  // The whole model's forward + backward at its own rows, fastest pass,
+  // and (parts, the same with the SplitTrial of `parts` split) for each
+  // trial the model ran (TimeSplits).
+  double whole_seconds = 0;
+  std::vector<std::pair<int, double>> split_seconds;
+};
+
+// The whole model with its split candidates (`nodes`) split in `parts`.
+struct SplitTrial {
+  int parts = 0;
+  std::vector<std::string> nodes;
+  std::unique_ptr<AnalyzedGraph> graph;  // outlives `model`, as it must
+  std::unique_ptr<StageModel> model;
+  std::vector<at::Tensor> params;
 };
 
 // A state larger than this is not written while profiling (it would hold
@@ -319,6 +336,54 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   return cal;
 }
 
+// The whole model's forward and backward, and each split trial's, on
+// (samples, labels): a warm-up pass, then `iterations` timed ones, each
+// pass running them in a rotated order. In a loop of their own, not beside
+// the calibration's steps: a model timed right after a step (its update and
+// gradient accumulation through all the weights) ran up to 3x slower than
+// the same model timed first (the default mlp at 32 rows), and timed before
+// the step, it slowed the step. Sets cal->whole_seconds and
+// cal->split_seconds (fastest passes); a trial that fails is dropped.
+void TimeSplits(StageModel& whole, const std::vector<at::Tensor>& whole_params,
+                std::vector<SplitTrial>& splits, const at::Tensor& samples,
+                const at::Tensor& labels, int iterations, const ProfileOptions& options,
+                Calibration* cal) {
+  if (splits.empty()) return;
+  const int64_t rows = samples.size(0);
+  const size_t runs = splits.size() + 1;  // run 0: the whole model
+  std::vector<std::vector<double>> times(runs);
+  for (int pass = 0; pass <= iterations; ++pass) {
+    for (size_t r = 0; r < runs; ++r) {
+      if (options.cancelled && options.cancelled()) return;
+      const size_t i = (r + static_cast<size_t>(pass)) % runs;
+      StageModel* model = i == 0 ? &whole : splits[i - 1].model.get();
+      if (model == nullptr) continue;
+      absl::StatusOr<double> t = absl::InternalError("not run");
+      try {
+        t = TimeForwardBackward(*model, i == 0 ? whole_params : splits[i - 1].params,
+                                samples, labels, rows);
+      } catch (const std::exception& e) {
+        t = absl::InternalError(e.what());
+      }
+      if (!t.ok()) {
+        if (i == 0) return;
+        splits[i - 1].model.reset();
+        times[i].clear();
+        continue;
+      }
+      if (pass > 0) times[i].push_back(*t);
+    }
+  }
+  if (times[0].empty()) return;
+  cal->whole_seconds = *std::min_element(times[0].begin(), times[0].end());
+  for (size_t i = 1; i < runs; ++i) {
+    if (splits[i - 1].model != nullptr && !times[i].empty()) {
+      cal->split_seconds.emplace_back(splits[i - 1].parts,
+                                      *std::min_element(times[i].begin(), times[i].end()));
+    }
+  }
+}
+
 absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     const apapo::v1::ProfileCommand& command, const ProfileOptions& options) {
   const apapo::v1::JobSpec& spec = command.spec();
@@ -490,9 +555,63 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
       smaller.push_back(rows);
     }
   }
+  // The planner may split wide Linear layers column-wise (plan.proto
+  // LayerSplit) in 2, 4 or 8 parts, all its candidates at once: each count
+  // is timed on the whole model here, candidates as the planner picks them
+  // (planning's SplitCandidates: Linear, at least kSplitMinShare of the
+  // compute), unless the spec turns splits off.
+  std::vector<SplitTrial> split_trials;
+  std::vector<double> split_shares;  // of node_sum, per trial
+  if (!spec.schedule().has_split_layers() || spec.schedule().split_layers()) {
+    for (int parts : {2, 4, 8}) {
+      SplitTrial trial;
+      trial.parts = parts;
+      double share = 0;
+      std::vector<std::pair<std::string, int>> splits;
+      for (int k = 0; k < n; ++k) {
+        const double t = times[k].forward + times[k].backward;
+        if (nodes[k].kind() == apapo::v1::LAYER_KIND_LINEAR && node_sum > 0 &&
+            t >= kSplitMinShare * node_sum && nodes[k].out_shape.back() >= parts) {
+          trial.nodes.push_back(nodes[k].id());
+          splits.emplace_back(nodes[k].id(), parts);
+          share += t / node_sum;
+        }
+      }
+      if (splits.empty()) continue;
+      absl::StatusOr<apapo::v1::ModelGraph> split = SplitLinearLayers(graph->graph(), splits);
+      if (!split.ok()) continue;
+      absl::StatusOr<AnalyzedGraph> analyzed = AnalyzedGraph::Create(*std::move(split));
+      if (!analyzed.ok()) continue;
+      trial.graph = std::make_unique<AnalyzedGraph>(*std::move(analyzed));
+      std::vector<std::string> all;
+      for (const NodeInfo& node : trial.graph->nodes()) all.push_back(node.id());
+      auto layout = LayoutStages(*trial.graph, {all});
+      if (!layout.ok()) continue;
+      auto model = StageModel::Create(*trial.graph, (*layout)[0]);
+      if (!model.ok()) continue;
+      trial.params = (*model)->InitParameters(spec.seed());
+      trial.model = *std::move(model);
+      split_trials.push_back(std::move(trial));
+      split_shares.push_back(share);
+    }
+  }
   absl::StatusOr<Calibration> cal = CalibrateWholeStep(
       *graph, spec, samples, labels, iterations, smaller, options);
   if (!cal.ok()) return cal.status();
+  if (!split_trials.empty()) {
+    std::vector<std::string> all;
+    for (const NodeInfo& node : nodes) all.push_back(node.id());
+    auto layout = LayoutStages(*graph, {all});
+    auto whole = layout.ok() ? StageModel::Create(*graph, (*layout)[0])
+                             : absl::StatusOr<std::unique_ptr<StageModel>>(layout.status());
+    if (whole.ok()) {
+      TimeSplits(**whole, (*whole)->InitParameters(spec.seed()), split_trials, samples,
+                 labels, iterations, options, &*cal);
+    }
+  }
+  if (options.cancelled && options.cancelled()) {
+    return absl::CancelledError("profiling stopped");
+  }
   // Bounded: a calibration pass disturbed by another process must not
   // distort the profile beyond what the two methods can differ by.
   const double factor =
@@ -515,6 +634,24 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
       c->set_scale(cost);
     }
   }
+  // A split trial's extra time, over the split nodes' share of the whole
+  // model's: what their parts and concats compute, as a multiple of the
+  // nodes. At least 1 (a split is never charged below the whole layer) and
+  // bounded as the node factor is.
+  std::vector<std::string> split_costs;
+  for (const auto& [parts, seconds] : cal->split_seconds) {
+    double share = 0;
+    for (size_t i = 0; i < split_trials.size(); ++i) {
+      if (split_trials[i].parts == parts) share = split_shares[i];
+    }
+    if (cal->whole_seconds <= 0 || share <= 0) continue;
+    const double cost = std::clamp(
+        1.0 + (seconds - cal->whole_seconds) / (cal->whole_seconds * share), 1.0, 4.0);
+    apapo::v1::SplitCost* c = profile->add_split_costs();
+    c->set_parts(parts);
+    c->set_scale(cost);
+    split_costs.push_back(absl::StrFormat("%.2fx in %d", cost, parts));
+  }
   std::vector<std::string> row_costs;
   for (const auto& [rows, cost] : cal->row_costs) {
     if (rows != micro) row_costs.push_back(absl::StrFormat("%.2fx at %d", cost, rows));
@@ -522,14 +659,18 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_source(absl::StrFormat(
       "measured by apapo-worker: micro-batch of %d x %d, fastest of %d "
       "pass(es), scaled x%.3f to the median whole-model step (%.4g s, of "
-      "which the optimizer update %.4g s); gradients add at %.3g GB/s%s",
+      "which the optimizer update %.4g s); gradients add at %.3g GB/s%s%s",
       micro, batch / micro, iterations, factor, cal->step_seconds,
       cal->update_seconds,
       cal->accumulate_seconds_per_byte > 0 ? 1e-9 / cal->accumulate_seconds_per_byte : 0,
       row_costs.empty()
           ? ""
           : absl::StrCat("; per row, smaller micro-batches cost ",
-                         absl::StrJoin(row_costs, ", "), " rows")));
+                         absl::StrJoin(row_costs, ", "), " rows"),
+      split_costs.empty()
+          ? ""
+          : absl::StrCat("; Linear layers split column-wise cost ",
+                         absl::StrJoin(split_costs, ", "), " parts")));
   for (int k = 0; k < n; ++k) {
     const NodeInfo& node = nodes[k];
     apapo::v1::NodeProfile* np = profile->add_nodes();

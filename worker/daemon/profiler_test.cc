@@ -206,6 +206,31 @@ TEST(ProfileJobTest, TimesSmallerMicroBatchesPerRowWhenThePlannerPicksThem) {
   }
 }
 
+// The planner may split wide Linear layers in 2, 4 or 8 parts: each count
+// is timed on the whole model, as a multiple of the layers whole; not
+// where the spec turns splits off.
+TEST(ProfileJobTest, TimesLinearLayersSplitUnlessTheSpecTurnsSplitsOff) {
+  apapo::v1::ProfileCommand c = MlpCommand(512, 2, 128, 1);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const apapo::v1::ModelProfile& p = result->profile();
+  std::vector<int> parts;
+  for (const auto& cost : p.split_costs()) {
+    parts.push_back(cost.parts());
+    EXPECT_GE(cost.scale(), 1.0) << cost.parts();
+    EXPECT_LE(cost.scale(), 4.0) << cost.parts();
+  }
+  EXPECT_THAT(parts, ::testing::ElementsAre(2, 4, 8));
+  EXPECT_THAT(p.source(), ::testing::HasSubstr("Linear layers split column-wise cost "));
+  std::printf("%s\n", p.source().c_str());
+
+  c.mutable_spec()->mutable_schedule()->set_split_layers(false);
+  auto off = ProfileJob(c);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->profile().split_costs_size(), 0);
+  EXPECT_THAT(off->profile().source(), ::testing::Not(::testing::HasSubstr("split")));
+}
+
 TEST(ProfileJobTest, BadSpecIsRefused) {
   apapo::v1::ProfileCommand c = MlpCommand(16, 1, 8, 2);
   c.mutable_spec()->mutable_model()->mutable_builtin()->set_name("nope");
@@ -228,8 +253,8 @@ TEST(ProfileJobTest, DefaultMlpProfilesQuickly) {
   for (const auto& n : result->profile().nodes()) {
     total += n.forward_seconds() + n.backward_seconds();
   }
-  std::printf("default mlp profile: %.2f s wall, %.4f s per mini-batch\n",
-              seconds, total);
+  std::printf("default mlp profile: %.2f s wall, %.4f s per mini-batch\n%s\n",
+              seconds, total, result->profile().source().c_str());
   EXPECT_LT(seconds, 20);
 }
 
