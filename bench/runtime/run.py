@@ -447,9 +447,13 @@ class Cluster:
             return {"error": f"{job_id}: {job_pb2.JobState.Name(job.state)}: {job.error}"}
         # The coordinator's checks of the plan against the run (and what it
         # did on them: a re-plan restarts the job).
-        checks = [e for e in self.events(job_id) if e.startswith("plan checked")]
+        events = self.events(job_id)
+        checks = [e for e in events if e.startswith("plan checked")]
         res = {"job_id": job_id, "samples_per_s": job.progress.samples_per_second,
                "plan_checks": checks, "restarts": job.restarts,
+               # Workers profiled a second time (measured slow the first).
+               "reprofiled": [e for e in events if " computed at " in e
+                              or " profiled again: " in e],
                "final_test_accuracy": (job.progress.test_accuracy
                                        if job.progress.HasField("test_accuracy") else None),
                "steps": job.progress.step, "max_staleness": job.progress.max_staleness,
@@ -472,6 +476,8 @@ class Cluster:
                            + "".join(f", stage {s.index} depth {s.in_flight_depth}"
                                      for s in p.stages if s.in_flight_depth))
             res["plan_notes"] = list(p.notes)
+            res["speeds"] = {w.worker_id: round(w.relative_speed, 3)
+                             for w in plan.cluster.workers}
             res["profile_source"] = plan.profile.source
             # float32 parameters, as the profile counts them
             res["parameters"] = sum(n.parameter_bytes for n in plan.profile.nodes) // 4
