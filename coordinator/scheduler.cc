@@ -326,6 +326,7 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.core_set_elsewhere.clear();
   a.plan_ready = false;
   a.remeasuring.clear();
+  a.remeasure_commands.clear();
   a.remeasure_checked = false;
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
@@ -401,13 +402,15 @@ bool Scheduler::MaybeRemeasure(ActiveJob& a) {
   m.mutable_profile()->clear_peers();
   for (const std::string& w : slow) {
     const double speed = fastest / TotalCompute(a.profiles[w].profile());
-    if (!registry_->Send(w, m).ok()) {
+    absl::StatusOr<int64_t> command = registry_->Send(w, m);
+    if (!command.ok()) {
       Finish(a.id, apapo::v1::JOB_STATE_FAILED,
              absl::StrCat("worker ", w, " disconnected before profiling"),
              absl::StatusCode::kUnavailable, /*stop_workers=*/true);
       return true;
     }
     a.remeasuring.insert(w);
+    a.remeasure_commands[*command] = w;
     jobs_->RecordEvent(a.id, absl::StrFormat(
                                  "%s computed at %.2fx the fastest worker's speed: "
                                  "profiling it once more, alone",
@@ -1046,6 +1049,21 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
   // Acks of the stopped attempt's commands (stops, late assignments).
   if (a.phase == Phase::kStopping || a.phase == Phase::kWaiting ||
       a.phase == Phase::kAdopting) {
+    return;
+  }
+  if (ack.code() != 0 && a.phase == Phase::kProfiling &&
+      a.remeasure_commands.count(ack.command_id())) {
+    // A second profile that failed (its process killed, say): the first
+    // is a measurement still, and the job goes on with it.
+    a.remeasure_commands.erase(ack.command_id());
+    if (a.remeasuring.erase(worker_id) == 0) return;
+    jobs_->RecordEvent(a.id, absl::StrCat(worker_id, "'s second profile failed (",
+                                          ack.message(), "); its first is kept"))
+        .IgnoreError();
+    if (a.remeasuring.empty()) {
+      a.plan_ready = true;
+      dirty_ = true;
+    }
     return;
   }
   if (ack.code() != 0) {

@@ -241,6 +241,7 @@ class Scheduler : public WorkerMessageListener {
     // Workers profiled again this round (MaybeRemeasure), and whether the
     // round has had its check; StartProfiling clears both.
     std::set<std::string> remeasuring;
+    std::map<int64_t, std::string> remeasure_commands;  // command id -> worker
     bool remeasure_checked = false;
     // Non-zero while the planner computes this job's plan: the attempt the
     // result must match to be applied (PlanRequest::attempt).

@@ -609,6 +609,30 @@ TEST_F(SchedulerTest, WorkersNearTheFastestAreNotProfiledAgain) {
   EXPECT_EQ(planner_.seen_cluster.workers_size(), 2);
 }
 
+// A second profile that fails (its process killed): the first stands and
+// the job is planned on it, not failed.
+TEST_F(SchedulerTest, ASecondProfileThatFailsKeepsTheFirst) {
+  AddWorker("w-1");
+  AddWorker("w-2");
+  std::string id = Submit(2);
+  scheduler_.RunOnce();
+  StartProfiling();
+  Profile("w-1", id, 1.0);
+  Profile("w-2", id, 2.0);
+  CoordinatorMessage again = Next("w-2");
+  ASSERT_TRUE(again.has_profile());
+  Ack("w-2", again.command_id(), 0, static_cast<int>(absl::StatusCode::kInternal),
+      "profiling job-1: the model's process was killed by signal 9");
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PROFILING);
+  scheduler_.RunOnce();
+  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_DOUBLE_EQ(planner_.seen_cluster.workers(1).relative_speed(), 0.5);
+  EXPECT_THAT(Events(jobs_, id),
+              HasSubstr("w-2's second profile failed (profiling job-1: the model's "
+                        "process was killed by signal 9); its first is kept"));
+}
+
 TEST_F(SchedulerTest, ASecondProfileThatDoesNotComeFailsTheJobNamingTheWorker) {
   AddWorker("w-1");
   AddWorker("w-2");

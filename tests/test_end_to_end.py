@@ -424,6 +424,48 @@ class RemeasureTest(unittest.TestCase):
             c.close()
             quota.close()
 
+    def test_a_second_profile_killed_leaves_the_first_and_the_job_trains(self):
+        """As above, and w-2's second profiling process is killed with
+        SIGKILL (what the OOM killer sends) as soon as it starts: the job
+        is not failed for it. Its first profile stands (w-2 planned slow or
+        left out), the job trains to the end, and nothing is left running."""
+        try:
+            quota = CpuQuota(0.25)
+        except OSError as e:
+            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
+        c = Cluster(workers=2)
+        try:
+            s = spec(steps=60)
+            s.model.builtin.hyper_parameters["hidden"].i = 2048
+            daemon = c.workers["w-2"].proc.pid
+            quota.hold_stages(daemon, flag="--run_profile", most=1)
+            job_id = c.submit(s)
+            first = t.wait_until(lambda: children_with(daemon, "--run_profile"), 120,
+                                 "w-2's first profiling process", interval=0.01)
+            second = t.wait_until(
+                lambda: [p for p in children_with(daemon, "--run_profile") if p not in first],
+                180, "w-2's second profiling process", interval=0.01)
+            for pid in second:
+                os.kill(pid, signal.SIGKILL)
+            job, events = c.run_to_end(job_id)
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            text = "\n".join(events)
+            self.assertRegex(text, r"w-2's second profile failed \(.*killed by signal 9.*\); "
+                                   r"its first is kept")
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+            print(f"\nplanned speeds: {speeds}", flush=True)
+            self.assertLess(speeds.get("w-2", 0), 0.8, speeds)
+            self.assertIsNone(c.workers["w-2"].proc.poll())
+            t.wait_until(lambda: not t.child_processes(
+                {w.proc.pid for w in c.workers.values()}, "--run_"),
+                60, "the profiling and stage processes to end")
+            t.wait_until(lambda: set(c.worker_states().values()) ==
+                         {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
+        finally:
+            c.close()
+            quota.close()
+
 
 class WorkerHostTest(unittest.TestCase):
     def test_worker_whose_host_is_not_its_own_fails_the_job_naming_it(self):
