@@ -217,5 +217,22 @@ std::string DescribeCluster(const Cluster& cluster) {
   return out;
 }
 
+int SpanLevel(const Cluster& cluster, const std::vector<int>& workers) {
+  if (workers.empty()) return 0;
+  int64_t group = 1;
+  for (size_t l = 0; l < cluster.levels.size(); ++l) {
+    group *= cluster.levels[l].fanout;
+    bool same = true;
+    for (int w : workers) {
+      if (w / group != workers.front() / group) {
+        same = false;
+        break;
+      }
+    }
+    if (same) return static_cast<int>(l);
+  }
+  return static_cast<int>(cluster.levels.size()) - 1;
+}
+
 }  // namespace partitioner
 }  // namespace apapo

@@ -104,6 +104,11 @@ struct Cluster {
 double RingAllReduceSeconds(double parameter_bytes, int replicas,
                             double bandwidth, double cpu_seconds_per_byte);
 
+// Smallest level whose groups contain all `workers` (indices, grouped in
+// order: level 0's groups are runs of levels[0].fanout workers; 0 =
+// innermost): the level of the links between them.
+int SpanLevel(const Cluster& cluster, const std::vector<int>& workers);
+
 // Builds a cluster. `levels` empty means one level of `workers` at 1e9 B/s;
 // otherwise the fan-out product must equal `workers` (workers <= 0: taken
 // from the levels).

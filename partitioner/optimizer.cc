@@ -1056,23 +1056,6 @@ void Flatten(const std::vector<LevelTable>& tables,
   }
 }
 
-// Smallest level whose groups contain all `workers` (0 = innermost).
-int SpanLevel(const Cluster& cluster, const std::vector<int>& workers) {
-  int64_t group = 1;
-  for (size_t l = 0; l < cluster.levels.size(); ++l) {
-    group *= cluster.levels[l].fanout;
-    bool same = true;
-    for (int w : workers) {
-      if (w / group != workers.front() / group) {
-        same = false;
-        break;
-      }
-    }
-    if (same) return l;
-  }
-  return cluster.levels.size() - 1;
-}
-
 int DefaultMicroBatches(const PlannerOptions& options,
                         const std::vector<int>& replicas) {
   if (options.micro_batches > 0) return options.micro_batches;

@@ -229,4 +229,27 @@ std::vector<std::pair<double, double>> AllReduceFactors(
   return out;
 }
 
+std::vector<partitioner::Level> ClusterLevels(const apapo::v1::ClusterSpec& spec) {
+  const int n = std::max(1, spec.workers_size());
+  std::vector<partitioner::Level> levels;
+  int64_t product = 1;
+  for (const auto& level : spec.levels()) {
+    partitioner::Level l;
+    l.fanout = std::max(1, level.group_size());
+    if (level.bandwidth_bytes_per_second() > 0) {
+      l.bandwidth = level.bandwidth_bytes_per_second();
+    }
+    if (level.burst_bytes() > 0 && std::isfinite(level.burst_bytes())) {
+      l.burst_bytes = level.burst_bytes();
+    }
+    product *= l.fanout;
+    levels.push_back(l);
+  }
+  if (levels.empty() || product != n) {
+    levels = {partitioner::Level{
+        n, levels.empty() ? partitioner::kDefaultBandwidth : levels[0].bandwidth}};
+  }
+  return levels;
+}
+
 }  // namespace apapo::planning

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "partitioner/cluster.h"
 #include "proto/apapo/v1/profile.pb.h"
 
 namespace apapo::planning {
@@ -75,6 +76,13 @@ std::vector<std::pair<double, double>> TransferCpuScale(
 // (as modelled) when nothing usable was measured.
 std::vector<std::pair<double, double>> AllReduceFactors(
     const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte);
+
+// The planner's levels for `spec` (innermost first; spec.workers grouped in
+// order): each level's group size, bandwidth (the default where not
+// positive) and token bucket (none where not finite and positive). One
+// level of all the workers, at level 0's bandwidth, where there are none
+// or their group sizes do not multiply to the number of workers.
+std::vector<partitioner::Level> ClusterLevels(const apapo::v1::ClusterSpec& spec);
 
 }  // namespace apapo::planning
 

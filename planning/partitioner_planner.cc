@@ -29,24 +29,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   const int n = spec.workers_size();
   if (n == 0) return absl::InvalidArgumentError("cluster: no workers");
   pt::Cluster cluster;
-  int product = 1;
-  for (const auto& level : spec.levels()) {
-    pt::Level l;
-    l.fanout = std::max(1, level.group_size());
-    if (level.bandwidth_bytes_per_second() > 0) {
-      l.bandwidth = level.bandwidth_bytes_per_second();
-    }
-    if (level.burst_bytes() > 0 && std::isfinite(level.burst_bytes())) {
-      l.burst_bytes = level.burst_bytes();
-    }
-    product *= l.fanout;
-    cluster.levels.push_back(l);
-  }
-  if (cluster.levels.empty() || product != n) {
-    cluster.levels = {pt::Level{n, cluster.levels.empty()
-                                       ? pt::kDefaultBandwidth
-                                       : cluster.levels[0].bandwidth}};
-  }
+  cluster.levels = ClusterLevels(spec);
   double memory = 0;
   bool heterogeneous = false;
   for (const auto& w : spec.workers()) {

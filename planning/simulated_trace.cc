@@ -51,15 +51,6 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   if (!kind.ok()) return kind.status();
 
   const apapo::v1::ClusterSpec& spec = response.cluster();
-  double bandwidth = pt::kDefaultBandwidth, burst = 0;
-  if (spec.levels_size() > 0 && spec.levels(0).bandwidth_bytes_per_second() > 0) {
-    bandwidth = spec.levels(0).bandwidth_bytes_per_second();
-  }
-  // The level's token bucket, as the planner's depth bound takes it.
-  if (spec.levels_size() > 0 && spec.levels(0).burst_bytes() > 0 &&
-      std::isfinite(spec.levels(0).burst_bytes())) {
-    burst = spec.levels(0).burst_bytes();
-  }
   pt::Cluster cluster;
   std::map<std::string, int> worker_index;
   for (const auto& w : spec.workers()) {
@@ -75,7 +66,9 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     }
   }
   cluster.speeds = SpeedsUnderLoad(spec, busy);
-  cluster.levels = {pt::Level{std::max<int>(1, cluster.speeds.size()), bandwidth}};
+  // The planner's hierarchy: each stage's links are those of the level
+  // that spans its workers and the next stage's (its all-reduce: its own).
+  cluster.levels = ClusterLevels(spec);
   if (cluster.speeds.empty()) cluster.speeds.push_back(1.0);
 
   std::vector<int> stage_of(graph->num_nodes(), -1);
@@ -129,11 +122,18 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.backward_seconds +=
           (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
     }
-    st.output_bandwidth = bandwidth;
-    st.output_burst_bytes = burst;
-    st.allreduce_bandwidth = bandwidth;
+    st.allreduce_bandwidth = cluster.levels[pt::SpanLevel(cluster, st.workers)].bandwidth;
     st.in_flight_depth = stage.in_flight_depth();
     p.stages.push_back(std::move(st));
+  }
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    std::vector<int> both = p.stages[s].workers;
+    if (s + 1 < p.stages.size()) {
+      both.insert(both.end(), p.stages[s + 1].workers.begin(), p.stages[s + 1].workers.end());
+    }
+    const pt::Level& link = cluster.levels[pt::SpanLevel(cluster, both)];
+    p.stages[s].output_bandwidth = link.bandwidth;
+    p.stages[s].output_burst_bytes = link.burst_bytes;
   }
   // The bytes that cross the wire (plan.transfer_precision).
   const double compression = TransferCompressionRatio(plan.transfer_precision());

@@ -105,6 +105,32 @@ TEST(SimulatedTraceTest, ALinksTokenBucketShortensItsTransfersButNotItsRate) {
   std::printf("wire %.1f, bucket %.1f samples/s\n", *wire, *bucket);
 }
 
+// Two hosts of two workers (group_path order: w-1, w-2 on one): 1 MB/s
+// inside a host, 50 kB/s between. The two stages on one host's workers
+// compute-bound at 8 per 6 ms; on workers of different hosts the slow link
+// binds them, as it does the planner's prediction of that placement.
+TEST(SimulatedTraceTest, EachStagesLinkIsTheLevelBetweenItsWorkers) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  r.mutable_cluster()->add_workers()->set_worker_id("w-3");
+  r.mutable_cluster()->add_workers()->set_worker_id("w-4");
+  auto* inner = r.mutable_cluster()->add_levels();
+  inner->set_group_size(2);
+  inner->set_bandwidth_bytes_per_second(1e6);
+  auto* outer = r.mutable_cluster()->add_levels();
+  outer->set_group_size(2);
+  outer->set_bandwidth_bytes_per_second(50e3);
+  absl::StatusOr<double> near = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(near.ok()) << near.status();
+  EXPECT_NEAR(*near, 8 / 0.006, 8 / 0.006 * 0.01);
+  r.mutable_plan()->mutable_stages(1)->mutable_placement(0)->set_worker_id("w-3");
+  absl::StatusOr<double> far = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(far.ok()) << far.status();
+  // 500 bytes a micro-batch each way at 50 kB/s: 10 ms; at most 8 per 20 ms.
+  EXPECT_LE(*far, 1.01 * 8 / 0.020);
+  EXPECT_LT(*far, 0.5 * *near);
+  std::printf("same host %.1f, across hosts %.1f samples/s\n", *near, *far);
+}
+
 TEST(SimulatedTraceTest, TheMeasuredCopiesLengthenEveryStagesPasses) {
   apapo::v1::GetPlanResponse r = TwoStages();
   // 1 us per byte (the median of the positive figures; the unmeasured 0
