@@ -238,17 +238,20 @@ class SchedulerTest : public ::testing::Test {
   }
 
   // Brings a job on w-1, w-2 to the point where its plan is computed next.
-  std::string ProfiledJob() {
+  std::string ProfiledJob() { return ProfiledAt(1.0); }
+
+  // A job on w-1, w-2 whose profiles are in: w-1's at 1 s, w-2's at
+  // `w2_seconds` (so w-2 at 1 / w2_seconds of w-1's speed).
+  std::string ProfiledAt(double w2_seconds) {
     AddWorker("w-1");
     AddWorker("w-2");
     std::string id = Submit(2);
     scheduler_.RunOnce();
     StartProfiling();
     Profile("w-1", id, 1.0);
-    Profile("w-2", id, 1.0);
+    Profile("w-2", id, w2_seconds);
     return id;
   }
-
   // A job on w-1, w-2, both registered on `core_set` of `cores` CPUs, sent
   // its profiling commands.
   std::string ProfilingOnCoreSet(const std::string& core_set, int cores) {
@@ -575,13 +578,7 @@ TEST_F(SchedulerTest, AWorkerProfiledSlowIsProfiledAgainAndTheFasterProfileKept)
 
 // Slow again (or slower): the first profile stands, and only once.
 TEST_F(SchedulerTest, AWorkerSlowTwiceKeepsItsFasterProfileAndIsPlannedSlow) {
-  AddWorker("w-1");
-  AddWorker("w-2");
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
-  Profile("w-1", id, 1.0);
-  Profile("w-2", id, 2.0);
+  const std::string id = ProfiledAt(2.0);
   ASSERT_TRUE(Next("w-2").has_profile());
   Profile("w-2", id, 3.0);
   EXPECT_FALSE(HasCommand("w-2"));
@@ -597,13 +594,7 @@ TEST_F(SchedulerTest, AWorkerSlowTwiceKeepsItsFasterProfileAndIsPlannedSlow) {
 // were scaled to alone; WorkersSharingACoreAreProfiledAsAlone plans w-2 at
 // 0.5x without a second profile.)
 TEST_F(SchedulerTest, WorkersNearTheFastestAreNotProfiledAgain) {
-  AddWorker("w-1");
-  AddWorker("w-2");
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
-  Profile("w-1", id, 1.0);
-  Profile("w-2", id, 1.2);
+  const std::string id = ProfiledAt(1.2);
   EXPECT_FALSE(HasCommand("w-2"));
   scheduler_.RunOnce();
   EXPECT_EQ(planner_.seen_cluster.workers_size(), 2);
@@ -612,13 +603,7 @@ TEST_F(SchedulerTest, WorkersNearTheFastestAreNotProfiledAgain) {
 // A second profile that fails (its process killed): the first stands and
 // the job is planned on it, not failed.
 TEST_F(SchedulerTest, ASecondProfileThatFailsKeepsTheFirst) {
-  AddWorker("w-1");
-  AddWorker("w-2");
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
-  Profile("w-1", id, 1.0);
-  Profile("w-2", id, 2.0);
+  const std::string id = ProfiledAt(2.0);
   CoordinatorMessage again = Next("w-2");
   ASSERT_TRUE(again.has_profile());
   Ack("w-2", again.command_id(), 0, static_cast<int>(absl::StatusCode::kInternal),
@@ -634,13 +619,7 @@ TEST_F(SchedulerTest, ASecondProfileThatFailsKeepsTheFirst) {
 }
 
 TEST_F(SchedulerTest, ASecondProfileThatDoesNotComeFailsTheJobNamingTheWorker) {
-  AddWorker("w-1");
-  AddWorker("w-2");
-  std::string id = Submit(2);
-  scheduler_.RunOnce();
-  StartProfiling();
-  Profile("w-1", id, 1.0);
-  Profile("w-2", id, 2.0);
+  const std::string id = ProfiledAt(2.0);
   ASSERT_TRUE(Next("w-2").has_profile());
   clock_.Advance(Options().profile_timeout + absl::Seconds(1));
   scheduler_.RunOnce();

@@ -34,7 +34,10 @@ TEST(PlanProtoTest, JsonCarriesNodeIdsAndReplicas) {
   EXPECT_NE(json->find("\"replicas\": 3"), std::string::npos);
 }
 
-TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
+// "a" (1 s forward, no parameters), then "fc" on it: a Linear of
+// `width` outputs, 0.4 s forward, `backward` s backward, 4000 bytes of
+// parameters, 400 of activations.
+apapo::v1::ModelProfile AThenFc(int width, double backward) {
   apapo::v1::ModelProfile p;
   auto* a = p.add_nodes();
   a->set_id("a");
@@ -43,10 +46,15 @@ TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
   fc->set_id("fc");
   fc->add_inputs("a");
   fc->set_forward_seconds(0.4);
-  fc->set_backward_seconds(0.8);
+  fc->set_backward_seconds(backward);
   fc->set_activation_bytes(400);
   fc->set_parameter_bytes(4000);
-  fc->set_split_width(10);
+  fc->set_split_width(width);
+  return p;
+}
+
+TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
+  apapo::v1::ModelProfile p = AThenFc(10, 0.8);
   auto* out = p.add_nodes();
   out->set_id("out");
   out->add_inputs("fc");
@@ -86,17 +94,7 @@ TEST(PlanProtoTest, SplitProfileSharesCostsAmongParts) {
 // in its backward excepted; 8 parts fall back to the nearest count below
 // (4), 2 parts to none (1).
 TEST(PlanProtoTest, SplitProfileChargesTheMeasuredSplitCost) {
-  apapo::v1::ModelProfile p;
-  auto* a = p.add_nodes();
-  a->set_id("a");
-  a->set_forward_seconds(1);
-  auto* fc = p.add_nodes();
-  fc->set_id("fc");
-  fc->add_inputs("a");
-  fc->set_forward_seconds(0.4);
-  fc->set_backward_seconds(0.9);  // 0.8 computed + 0.1 of update
-  fc->set_parameter_bytes(4000);
-  fc->set_split_width(16);
+  apapo::v1::ModelProfile p = AThenFc(16, 0.9);  // 0.8 computed + 0.1 of update
   p.set_update_seconds(0.1);  // all fc's: a has no parameters
   auto* c4 = p.add_split_costs();
   c4->set_parts(4);

@@ -377,6 +377,26 @@ class ReplanOnMeasurementTest(unittest.TestCase):
 
 
 class RemeasureTest(unittest.TestCase):
+    def slowed_first_profile(self):
+        """(quota, cluster, spec): two workers, the first profiling process
+        of w-2 held to a quarter of a core by a cpu cgroup (skips where none
+        can be made), and a 60-step job of wide layers: each pass computes
+        for longer than the quota's 4 ms period, so the quota stretches the
+        compute itself. The caller closes the cluster, then the quota."""
+        try:
+            quota = CpuQuota(0.25)
+        except OSError as e:
+            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
+        try:
+            c = Cluster(workers=2)
+        except BaseException:
+            quota.close()
+            raise
+        quota.hold_stages(c.workers["w-2"].proc.pid, flag="--run_profile", most=1)
+        s = spec(steps=60)
+        s.model.builtin.hyper_parameters["hidden"].i = 2048
+        return quota, c, s
+
     def test_a_worker_slowed_while_profiling_is_profiled_again_and_planned_at_speed(self):
         """w-2's first profiling process is held to a quarter of a core by a
         cpu cgroup (a slow spell on its host); its second is not. The
@@ -384,18 +404,8 @@ class RemeasureTest(unittest.TestCase):
         keeps the faster profile, and plans the job with w-2 at about w-1's
         speed; the job trains to the end, and nothing is left running or
         in the group."""
+        quota, c, s = self.slowed_first_profile()
         try:
-            quota = CpuQuota(0.25)
-        except OSError as e:
-            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
-        c = Cluster(workers=2)
-        try:
-            s = spec(steps=60)
-            # Wide layers: each pass computes for longer than the quota's
-            # 4 ms period, so the quota stretches the compute itself.
-            s.model.builtin.hyper_parameters["hidden"].i = 2048
-            daemons = {w: c.workers[w].proc.pid for w in ("w-1", "w-2")}
-            quota.hold_stages(daemons["w-2"], flag="--run_profile", most=1)
             job, events = c.run_to_end(c.submit(s))
             self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
             text = "\n".join(events)
@@ -416,29 +426,28 @@ class RemeasureTest(unittest.TestCase):
             # The link test ran once, in the first round, and its figures stand.
             self.assertEqual({(l.from_worker, l.to_worker) for l in plan.cluster.links},
                              {("w-1", "w-2"), ("w-2", "w-1")})
-            t.wait_until(lambda: not t.child_processes(set(daemons.values()), "--run_"),
-                         60, "the profiling and stage processes to end")
-            t.wait_until(lambda: set(c.worker_states().values()) ==
-                         {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
+            self.assert_nothing_left(c)
         finally:
             c.close()
             quota.close()
+
+    def assert_nothing_left(self, c):
+        """No profiling or stage process of any daemon runs, and every
+        worker is idle (waits with a deadline)."""
+        t.wait_until(lambda: not t.child_processes(
+            {w.proc.pid for w in c.workers.values()}, "--run_"),
+            60, "the profiling and stage processes to end")
+        t.wait_until(lambda: set(c.worker_states().values()) ==
+                     {worker_pb2.WORKER_STATE_IDLE}, 60, "the workers idle")
 
     def test_a_second_profile_killed_leaves_the_first_and_the_job_trains(self):
         """As above, and w-2's second profiling process is killed with
         SIGKILL (what the OOM killer sends) as soon as it starts: the job
         is not failed for it. Its first profile stands (w-2 planned slow or
         left out), the job trains to the end, and nothing is left running."""
+        quota, c, s = self.slowed_first_profile()
         try:
-            quota = CpuQuota(0.25)
-        except OSError as e:
-            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
-        c = Cluster(workers=2)
-        try:
-            s = spec(steps=60)
-            s.model.builtin.hyper_parameters["hidden"].i = 2048
             daemon = c.workers["w-2"].proc.pid
-            quota.hold_stages(daemon, flag="--run_profile", most=1)
             job_id = c.submit(s)
             first = t.wait_until(lambda: children_with(daemon, "--run_profile"), 120,
                                  "w-2's first profiling process", interval=0.01)
@@ -457,11 +466,7 @@ class RemeasureTest(unittest.TestCase):
             print(f"\nplanned speeds: {speeds}", flush=True)
             self.assertLess(speeds.get("w-2", 0), 0.8, speeds)
             self.assertIsNone(c.workers["w-2"].proc.poll())
-            t.wait_until(lambda: not t.child_processes(
-                {w.proc.pid for w in c.workers.values()}, "--run_"),
-                60, "the profiling and stage processes to end")
-            t.wait_until(lambda: set(c.worker_states().values()) ==
-                         {worker_pb2.WORKER_STATE_IDLE}, 60, "both workers idle")
+            self.assert_nothing_left(c)
         finally:
             c.close()
             quota.close()
