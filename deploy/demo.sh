@@ -36,6 +36,8 @@ PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The job's checkpoints are ~200 MB a run: the logs, plan and state stay.
+  rm -rf "$WORK/checkpoints"
   echo "(logs kept in $WORK)"
 }
 trap cleanup EXIT

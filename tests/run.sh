@@ -46,7 +46,10 @@ echo "== bazel test //..."
 bazel test "${BAZEL_FLAGS[@]}" //... --test_summary=short --test_output=errors 2>&1 | tee "$OUT/bazel.log" | grep -vE '^\s*[0-9]+\.[0-9]+: src/main/tools'
 
 echo "== tests/ (multi-process, Python clients)"
-$PY tests/lib/run_python_tests.py "$OUT/python.json"
+# Their clusters' folders (state, checkpoints, logs) go under $OUT, which
+# the trap removes: 556 of them had piled up in /tmp here.
+mkdir -p "$OUT/tmp"
+TEST_TMPDIR="$OUT/tmp" $PY tests/lib/run_python_tests.py "$OUT/python.json"
 
 extra+=("$OUT/python.json")
 echo "== LibTorch-free unit tests under ASan + UBSan and TSan (tests/sanitizers.sh)"

@@ -501,6 +501,10 @@ def inner(a):
         if cluster:
             cluster.close()
         save()
+        # The daemons' checkpoints and data there run to gigabytes a run;
+        # the results JSON holds what the run measured.
+        if not a.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     results["table_text"] = print_table(results["table"], links, rows)
     results["goals_text"] = goals_text(results["goals"])
     print(results["goals_text"], flush=True)
@@ -553,6 +557,8 @@ def main():
                     help="ScheduleSpec fields in text format set in every job of ours, "
                          "e.g. \"max_staleness: 1\"")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--keep_workdir", action="store_true",
+                    help="keep the run's folder (logs, checkpoints) instead of removing it")
     ap.add_argument("--summarize", default="", metavar="RESULTS_JSON",
                     help="print the table and the goals of a saved results file "
                          "(no lab, no root) and exit")

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -670,6 +671,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 round, 10 steps, no accuracy runs")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--keep_workdir", action="store_true",
+                    help="keep the run's folder (logs, checkpoints) instead of removing it")
     ap.add_argument("--baseline_bin", default="",
                     help="bazel-bin of a build of the code before a change (e.g. a git "
                          "worktree of the old commit): rows <row>_base run there")
@@ -774,6 +777,10 @@ def main():
             if c:
                 c.close()
         save()
+        # The daemons' checkpoints and data there run to gigabytes a run;
+        # the results JSON holds what the run measured.
+        if not a.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     results["table_text"] = print_table(results["table"])
     save()
     log(f"results: {out_path}")
