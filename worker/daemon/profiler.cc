@@ -93,20 +93,16 @@ struct Calibration {
   // parameter byte, fastest pass; 0 when there are none.
   double accumulate_seconds_per_byte = 0;
   std::optional<apapo::v1::CheckpointMeasurement> checkpoint;
-  // The whole model's forward + backward at its own rows, fastest pass,
-  // and (parts, the same with the SplitTrial of `parts` split) for each
-  // trial the model ran (TimeSplits).
-  double whole_seconds = 0;
-  std::vector<std::pair<int, double>> split_seconds;
 };
 
-// The whole model with its split candidates (`nodes`) split in `parts`.
+// The whole model with its split candidates split in `parts`.
 struct SplitTrial {
   int parts = 0;
-  std::vector<std::string> nodes;
+  double share = 0;  // the candidates' part of the nodes' compute
   std::unique_ptr<AnalyzedGraph> graph;  // outlives `model`, as it must
-  std::unique_ptr<StageModel> model;
+  std::unique_ptr<StageModel> model;     // null once it failed
   std::vector<at::Tensor> params;
+  double seconds = 0;  // forward + backward, fastest pass (TimeSplits)
 };
 
 // A state larger than this is not written while profiling (it would hold
@@ -200,6 +196,19 @@ absl::StatusOr<double> TimeForwardBackward(StageModel& model,
   return Seconds(t0, Clock::now());
 }
 
+// The whole of `graph` as one stage (which must not outlive `graph`).
+absl::StatusOr<std::unique_ptr<StageModel>> WholeModel(const AnalyzedGraph& graph) {
+  std::vector<std::string> all;
+  for (const NodeInfo& node : graph.nodes()) all.push_back(node.id());
+  auto layout = LayoutStages(graph, {all});
+  if (!layout.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "profiling: cannot lay the model out as one stage: ",
+        layout.status().message()));
+  }
+  return StageModel::Create(graph, (*layout)[0]);
+}
+
 // Trains the whole model as one stage on (samples, labels): one warm-up
 // step, then `iterations` timed ones. After each step it also runs the
 // forward and backward alone on the first `smaller` rows (descending), for
@@ -209,15 +218,7 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     const AnalyzedGraph& graph, const apapo::v1::JobSpec& spec,
     const at::Tensor& samples, const at::Tensor& labels, int iterations,
     const std::vector<int64_t>& smaller, const ProfileOptions& options) {
-  std::vector<std::string> all;
-  for (const NodeInfo& node : graph.nodes()) all.push_back(node.id());
-  auto layout = LayoutStages(graph, {all});
-  if (!layout.ok()) {
-    return absl::InternalError(absl::StrCat(
-        "profiling: cannot lay the model out as one stage: ",
-        layout.status().message()));
-  }
-  auto model = StageModel::Create(graph, (*layout)[0]);
+  auto model = WholeModel(graph);
   if (!model.ok()) return model.status();
   std::vector<at::Tensor> params = (*model)->InitParameters(spec.seed());
   auto optimizer = Optimizer::Create(spec.optimizer(), iterations + 1);
@@ -342,19 +343,18 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
 // the calibration's steps: a model timed right after a step (its update and
 // gradient accumulation through all the weights) ran up to 3x slower than
 // the same model timed first (the default mlp at 32 rows), and timed before
-// the step, it slowed the step. Sets cal->whole_seconds and
-// cal->split_seconds (fastest passes); a trial that fails is dropped.
-void TimeSplits(StageModel& whole, const std::vector<at::Tensor>& whole_params,
-                std::vector<SplitTrial>& splits, const at::Tensor& samples,
-                const at::Tensor& labels, int iterations, const ProfileOptions& options,
-                Calibration* cal) {
-  if (splits.empty()) return;
+// the step, it slowed the step. Returns the whole model's fastest pass (0
+// if it failed or was cancelled) and sets each trial's; a trial that fails
+// loses its model.
+double TimeSplits(StageModel& whole, const std::vector<at::Tensor>& whole_params,
+                  std::vector<SplitTrial>& splits, const at::Tensor& samples,
+                  const at::Tensor& labels, int iterations, const ProfileOptions& options) {
   const int64_t rows = samples.size(0);
   const size_t runs = splits.size() + 1;  // run 0: the whole model
   std::vector<std::vector<double>> times(runs);
   for (int pass = 0; pass <= iterations; ++pass) {
     for (size_t r = 0; r < runs; ++r) {
-      if (options.cancelled && options.cancelled()) return;
+      if (options.cancelled && options.cancelled()) return 0;
       const size_t i = (r + static_cast<size_t>(pass)) % runs;
       StageModel* model = i == 0 ? &whole : splits[i - 1].model.get();
       if (model == nullptr) continue;
@@ -366,7 +366,7 @@ void TimeSplits(StageModel& whole, const std::vector<at::Tensor>& whole_params,
         t = absl::InternalError(e.what());
       }
       if (!t.ok()) {
-        if (i == 0) return;
+        if (i == 0) return 0;
         splits[i - 1].model.reset();
         times[i].clear();
         continue;
@@ -374,14 +374,12 @@ void TimeSplits(StageModel& whole, const std::vector<at::Tensor>& whole_params,
       if (pass > 0) times[i].push_back(*t);
     }
   }
-  if (times[0].empty()) return;
-  cal->whole_seconds = *std::min_element(times[0].begin(), times[0].end());
   for (size_t i = 1; i < runs; ++i) {
     if (splits[i - 1].model != nullptr && !times[i].empty()) {
-      cal->split_seconds.emplace_back(splits[i - 1].parts,
-                                      *std::min_element(times[i].begin(), times[i].end()));
+      splits[i - 1].seconds = *std::min_element(times[i].begin(), times[i].end());
     }
   }
+  return times[0].empty() ? 0 : *std::min_element(times[0].begin(), times[0].end());
 }
 
 absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
@@ -561,20 +559,17 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   // (planning's SplitCandidates: Linear, at least kSplitMinShare of the
   // compute), unless the spec turns splits off.
   std::vector<SplitTrial> split_trials;
-  std::vector<double> split_shares;  // of node_sum, per trial
   if (!spec.schedule().has_split_layers() || spec.schedule().split_layers()) {
     for (int parts : {2, 4, 8}) {
       SplitTrial trial;
       trial.parts = parts;
-      double share = 0;
       std::vector<std::pair<std::string, int>> splits;
       for (int k = 0; k < n; ++k) {
         const double t = times[k].forward + times[k].backward;
         if (nodes[k].kind() == apapo::v1::LAYER_KIND_LINEAR && node_sum > 0 &&
             t >= kSplitMinShare * node_sum && nodes[k].out_shape.back() >= parts) {
-          trial.nodes.push_back(nodes[k].id());
           splits.emplace_back(nodes[k].id(), parts);
-          share += t / node_sum;
+          trial.share += t / node_sum;
         }
       }
       if (splits.empty()) continue;
@@ -583,30 +578,22 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
       absl::StatusOr<AnalyzedGraph> analyzed = AnalyzedGraph::Create(*std::move(split));
       if (!analyzed.ok()) continue;
       trial.graph = std::make_unique<AnalyzedGraph>(*std::move(analyzed));
-      std::vector<std::string> all;
-      for (const NodeInfo& node : trial.graph->nodes()) all.push_back(node.id());
-      auto layout = LayoutStages(*trial.graph, {all});
-      if (!layout.ok()) continue;
-      auto model = StageModel::Create(*trial.graph, (*layout)[0]);
+      auto model = WholeModel(*trial.graph);
       if (!model.ok()) continue;
       trial.params = (*model)->InitParameters(spec.seed());
       trial.model = *std::move(model);
       split_trials.push_back(std::move(trial));
-      split_shares.push_back(share);
     }
   }
   absl::StatusOr<Calibration> cal = CalibrateWholeStep(
       *graph, spec, samples, labels, iterations, smaller, options);
   if (!cal.ok()) return cal.status();
+  double whole_seconds = 0;
   if (!split_trials.empty()) {
-    std::vector<std::string> all;
-    for (const NodeInfo& node : nodes) all.push_back(node.id());
-    auto layout = LayoutStages(*graph, {all});
-    auto whole = layout.ok() ? StageModel::Create(*graph, (*layout)[0])
-                             : absl::StatusOr<std::unique_ptr<StageModel>>(layout.status());
+    auto whole = WholeModel(*graph);
     if (whole.ok()) {
-      TimeSplits(**whole, (*whole)->InitParameters(spec.seed()), split_trials, samples,
-                 labels, iterations, options, &*cal);
+      whole_seconds = TimeSplits(**whole, (*whole)->InitParameters(spec.seed()),
+                                 split_trials, samples, labels, iterations, options);
     }
   }
   if (options.cancelled && options.cancelled()) {
@@ -639,18 +626,14 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   // nodes. At least 1 (a split is never charged below the whole layer) and
   // bounded as the node factor is.
   std::vector<std::string> split_costs;
-  for (const auto& [parts, seconds] : cal->split_seconds) {
-    double share = 0;
-    for (size_t i = 0; i < split_trials.size(); ++i) {
-      if (split_trials[i].parts == parts) share = split_shares[i];
-    }
-    if (cal->whole_seconds <= 0 || share <= 0) continue;
+  for (const SplitTrial& trial : split_trials) {
+    if (whole_seconds <= 0 || trial.seconds <= 0 || trial.share <= 0) continue;
     const double cost = std::clamp(
-        1.0 + (seconds - cal->whole_seconds) / (cal->whole_seconds * share), 1.0, 4.0);
+        1.0 + (trial.seconds - whole_seconds) / (whole_seconds * trial.share), 1.0, 4.0);
     apapo::v1::SplitCost* c = profile->add_split_costs();
-    c->set_parts(parts);
+    c->set_parts(trial.parts);
     c->set_scale(cost);
-    split_costs.push_back(absl::StrFormat("%.2fx in %d", cost, parts));
+    split_costs.push_back(absl::StrFormat("%.2fx in %d", cost, trial.parts));
   }
   std::vector<std::string> row_costs;
   for (const auto& [rows, cost] : cal->row_costs) {
