@@ -326,7 +326,6 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.core_set_elsewhere.clear();
   a.plan_ready = false;
   a.remeasuring.clear();
-  a.remeasure_commands.clear();
   a.remeasure_checked = false;
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
@@ -409,8 +408,7 @@ bool Scheduler::MaybeRemeasure(ActiveJob& a) {
              absl::StatusCode::kUnavailable, /*stop_workers=*/true);
       return true;
     }
-    a.remeasuring.insert(w);
-    a.remeasure_commands[*command] = w;
+    a.remeasuring[*command] = w;
     jobs_->RecordEvent(a.id, absl::StrFormat(
                                  "%s computed at %.2fx the fastest worker's speed: "
                                  "profiling it once more, alone",
@@ -1010,7 +1008,10 @@ void Scheduler::OnWorkerMessage(const std::string& worker_id,
     case apapo::v1::WorkerMessage::kProfileResult: {
       ActiveJob* a = FindByWorker(worker_id, message.profile_result().job_id());
       if (a == nullptr || a->phase != Phase::kProfiling) return;
-      if (a->remeasuring.erase(worker_id) > 0) {
+      auto second = std::find_if(a->remeasuring.begin(), a->remeasuring.end(),
+                                 [&](const auto& c) { return c.second == worker_id; });
+      if (second != a->remeasuring.end()) {
+        a->remeasuring.erase(second);
         KeepFasterProfile(*a, worker_id, message.profile_result());
       } else {
         apapo::v1::ProfileResult& r = a->profiles[worker_id] = message.profile_result();
@@ -1051,12 +1052,12 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
       a.phase == Phase::kAdopting) {
     return;
   }
-  if (ack.code() != 0 && a.phase == Phase::kProfiling &&
-      a.remeasure_commands.count(ack.command_id())) {
+  if (auto second = a.remeasuring.find(ack.command_id());
+      ack.code() != 0 && a.phase == Phase::kProfiling && second != a.remeasuring.end() &&
+      second->second == worker_id) {
     // A second profile that failed (its process killed, say): the first
     // is a measurement still, and the job goes on with it.
-    a.remeasure_commands.erase(ack.command_id());
-    if (a.remeasuring.erase(worker_id) == 0) return;
+    a.remeasuring.erase(second);
     jobs_->RecordEvent(a.id, absl::StrCat(worker_id, "'s second profile failed (",
                                           ack.message(), "); its first is kept"))
         .IgnoreError();
@@ -1620,7 +1621,9 @@ void Scheduler::CheckDeadlines() {
     std::vector<std::string> missing;
     if (a.phase == Phase::kProfiling) {
       for (const auto& w : a.workers) {
-        if (!a.profiles.count(w) || a.remeasuring.count(w)) missing.push_back(w);
+        const bool again = std::any_of(a.remeasuring.begin(), a.remeasuring.end(),
+                                       [&](const auto& c) { return c.second == w; });
+        if (!a.profiles.count(w) || again) missing.push_back(w);
       }
     } else {
       for (const auto& [cmd, w] : a.pending_assign) missing.push_back(w);

@@ -240,8 +240,7 @@ class Scheduler : public WorkerMessageListener {
     bool plan_ready = false;  // all profiles in; the thread plans
     // Workers profiled again this round (MaybeRemeasure), and whether the
     // round has had its check; StartProfiling clears both.
-    std::set<std::string> remeasuring;
-    std::map<int64_t, std::string> remeasure_commands;  // command id -> worker
+    std::map<int64_t, std::string> remeasuring;  // command id -> worker
     bool remeasure_checked = false;
     // Non-zero while the planner computes this job's plan: the attempt the
     // result must match to be applied (PlanRequest::attempt).
