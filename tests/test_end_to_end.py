@@ -422,7 +422,11 @@ class RemeasureTest(unittest.TestCase):
             plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
             speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
             print(f"planned speeds: {speeds}", flush=True)
-            self.assertGreater(speeds.get("w-2", 0), 0.8, speeds)
+            # Far above the quota's quarter: at w-1's speed give or take this
+            # machine's noise (identical workers read 0.8-1.2 of each other,
+            # and once 0.7955 here), and at least twice the first reading.
+            self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
+            self.assertGreater(speeds.get("w-2", 0), 2 * float(first.group(1)), speeds)
             # The link test ran once, in the first round, and its figures stand.
             self.assertEqual({(l.from_worker, l.to_worker) for l in plan.cluster.links},
                              {("w-1", "w-2"), ("w-2", "w-1")})
