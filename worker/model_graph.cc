@@ -631,9 +631,10 @@ absl::StatusOr<std::vector<StageLayout>> LayoutStages(
         bool needed = false;
         for (int c : graph.nodes()[k].consumers) needed |= stage_of[c] > s;
         if (needed) {
-          l.outputs.push_back({graph.nodes()[k].id(),
-                               graph.nodes()[k].out_shape,
-                               graph.nodes()[k].out_dtype});
+          const NodeInfo& node = graph.nodes()[k];
+          l.outputs.push_back({node.id(), node.out_shape, node.out_dtype,
+                               node.kind() == apapo::v1::LAYER_KIND_RELU &&
+                                   node.out_dtype == DType::kFloat32});
         }
       }
       l.outputs.push_back(

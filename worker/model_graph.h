@@ -187,6 +187,9 @@ struct BundleEntry {
   std::string name;  // producing node id, or kLabelsEntry
   Shape sample_shape;
   DType dtype = DType::kFloat32;
+  // A ReLU's output: no gradient flows back through its zeros, so it may
+  // cross a cut without them (ScheduleSpec.skip_zeros; transport.h).
+  bool skip_zeros = false;
 };
 
 // What one stage runs and what crosses its two cuts.

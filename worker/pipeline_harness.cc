@@ -75,7 +75,8 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            bool record, apapo::v1::CheckpointSpec checkpoint,
                            bool weight_prediction,
                            const std::vector<std::pair<std::string, int>>& splits,
-                           apapo::v1::TransferPrecision transfer) {
+                           apapo::v1::TransferPrecision transfer,
+                           bool skip_zeros) {
   // The job: the fixture's graph and data, its plan: the balanced cut.
   apapo::v1::JobSpec job;
   job.set_name("harness");
@@ -90,6 +91,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   *job.mutable_checkpoint() = checkpoint;
   job.mutable_schedule()->set_weight_prediction(weight_prediction);
   job.mutable_schedule()->set_transfer_precision(transfer);
+  job.mutable_schedule()->set_skip_zeros(skip_zeros);
   if (sched.max_in_flight > 0) {
     // The spec bounds staleness in updates; the stages keep s x k + 1 in
     // flight (k: micro-batches per replica and iteration), so a depth not of

@@ -70,7 +70,8 @@ PipelineResult RunPipeline(
     apapo::v1::CheckpointSpec checkpoint = {}, bool weight_prediction = false,
     const std::vector<std::pair<std::string, int>>& splits = {},
     apapo::v1::TransferPrecision transfer =
-        apapo::v1::TRANSFER_PRECISION_UNSPECIFIED);
+        apapo::v1::TRANSFER_PRECISION_UNSPECIFIED,
+    bool skip_zeros = true);
 
 }  // namespace pipeline_test
 }  // namespace worker

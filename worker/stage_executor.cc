@@ -35,6 +35,25 @@ std::vector<BundleEntry> FloatEntries(const std::vector<BundleEntry>& entries) {
   return out;
 }
 
+// The entries as they travel: without skip_zeros unless the job skips zeros.
+std::vector<BundleEntry> WireEntries(std::vector<BundleEntry> entries,
+                                     bool skip_zeros) {
+  for (auto& e : entries) e.skip_zeros = e.skip_zeros && skip_zeros;
+  return entries;
+}
+
+// The masks of a bundle's float entries, from those of all its entries.
+std::vector<at::Tensor> FloatMasks(const std::vector<BundleEntry>& entries,
+                                   const std::vector<at::Tensor>& masks) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].dtype == DType::kFloat32) {
+      out.push_back(i < masks.size() ? masks[i] : at::Tensor());
+    }
+  }
+  return out;
+}
+
 // Seconds since `start`, advancing `start` to now.
 double Lap(absl::Time& start) {
   const absl::Time now = absl::Now();
@@ -58,7 +77,10 @@ struct StageExecutor::Impl {
   int64_t micro_batch_size = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  std::vector<BundleEntry> out_grad_entries;
+  // What crosses each cut, as it travels (WireEntries): the activations
+  // received and sent, and the gradients sent back and received.
+  std::vector<BundleEntry> in_entries, out_entries;
+  std::vector<BundleEntry> in_grad_entries, out_grad_entries;
 
   // ---- training state ----
   int64_t phase = 0;  // programs run so far (message tags)
@@ -69,13 +91,22 @@ struct StageExecutor::Impl {
     int64_t version = 0;
     std::vector<at::Tensor> inputs;   // leaves (float ones require grad)
     std::vector<at::Tensor> outputs;  // non-last: the tensors sent on
+    // Per entry skipping zeros, the positions that crossed (kBool): those
+    // of the inputs (their gradients go back there) and of the outputs
+    // (their gradients come back there).
+    std::vector<at::Tensor> input_masks, output_masks;
     at::Tensor loss;                  // last: scaled loss
   };
   std::map<int64_t, Stash> stash;
   // Posted receives: micro-batch -> the rank its bundle comes from.
   std::map<int64_t, int> activation_sources, gradient_sources;
-  // Input gradients of finished backwards, until their send.
-  std::map<int64_t, std::vector<at::Tensor>> input_grads;
+  // Input gradients of finished backwards, until their send, with the
+  // masks of their float entries (Stash::input_masks).
+  struct InputGrads {
+    std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> masks;
+  };
+  std::map<int64_t, InputGrads> input_grads;
   bool stop_requested = false;
   int64_t last_saved_step = -1;
   // Replica 0 of a checkpointing stage: writes its snapshots.
@@ -129,11 +160,19 @@ struct StageExecutor::Impl {
     const bool activations = op.type == Op::kRecvActivations;
     const int src = context.RankOf(
         activations ? context.stage - 1 : context.stage + 1, op.peer);
-    const int64_t bytes =
-        BundleBytes(activations ? layout().inputs : out_grad_entries,
-                    micro_batch_size, config.wire_precision);
+    const std::vector<BundleEntry>& entries =
+        activations ? in_entries : out_grad_entries;
+    const int64_t tag = MessageTag(phase, op.micro_batch);
     absl::Status st =
-        transport()->ExpectRecv(src, MessageTag(phase, op.micro_batch), bytes);
+        AnySkipsZeros(entries)
+            ? transport()->ExpectRecvUpTo(
+                  src, tag,
+                  SkipZerosCapacity(entries, micro_batch_size, config.wire_precision,
+                                    activations ? BundleKind::kActivations
+                                                : BundleKind::kGradients))
+            : transport()->ExpectRecv(
+                  src, tag,
+                  BundleBytes(entries, micro_batch_size, config.wire_precision));
     if (!st.ok()) return Fail("posting receives", st);
     (activations ? activation_sources : gradient_sources)[op.micro_batch] = src;
     return absl::OkStatus();
@@ -172,14 +211,22 @@ struct StageExecutor::Impl {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, " before its forward"));
       }
-      bytes = PackBundle(it->second.outputs, config.wire_precision);
+      bytes = AnySkipsZeros(out_entries)
+                  ? PackSkippingZeros(it->second.outputs, out_entries,
+                                      config.wire_precision, BundleKind::kActivations,
+                                      it->second.output_masks)
+                  : PackBundle(it->second.outputs, config.wire_precision);
     } else {
       auto it = input_grads.find(j);
       if (it == input_grads.end()) {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, "'s gradients before its backward"));
       }
-      bytes = PackBundle(it->second, config.wire_precision);
+      bytes = AnySkipsZeros(in_grad_entries)
+                  ? PackSkippingZeros(it->second.grads, in_grad_entries,
+                                      config.wire_precision, BundleKind::kGradients,
+                                      it->second.masks)
+                  : PackBundle(it->second.grads, config.wire_precision);
       input_grads.erase(it);
     }
     const int dst = context.RankOf(
@@ -200,14 +247,19 @@ struct StageExecutor::Impl {
     absl::Time t = absl::Now();
     const int64_t j = op.micro_batch;
     const int64_t m = config.schedule.micro_batches_per_iteration;
-    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> inputs, input_masks;
     if (layout().is_first) {
       inputs = LoadMicroBatch(first_iteration + j / m, j % m, order);
     } else {
       auto bytes = TakeReceived(activation_sources, j, t, "activations");
       if (!bytes.ok()) return bytes.status();
-      auto unpacked = UnpackBundle(*bytes, layout().inputs, micro_batch_size,
-                                   config.wire_precision);
+      auto unpacked =
+          AnySkipsZeros(in_entries)
+              ? UnpackSkippingZeros(*bytes, in_entries, micro_batch_size,
+                                    config.wire_precision, BundleKind::kActivations,
+                                    input_masks)
+              : UnpackBundle(*bytes, in_entries, micro_batch_size,
+                             config.wire_precision);
       if (!unpacked.ok()) return Fail("unpacking activations", unpacked.status());
       for (size_t i = 0; i < unpacked->size(); ++i) {
         at::Tensor leaf = (*unpacked)[i].detach();
@@ -231,6 +283,7 @@ struct StageExecutor::Impl {
     Stash s;
     s.version = v;
     s.inputs = std::move(inputs);
+    s.input_masks = std::move(input_masks);
     if (layout().is_last) {
       progress.AddLoss(fwd->loss.item<double>());
       // d(mini-batch mean)/d(micro-batch mean) = 1/m for equal micro-batches.
@@ -267,8 +320,14 @@ struct StageExecutor::Impl {
     } else {
       auto bytes = TakeReceived(gradient_sources, j, t, "gradients");
       if (!bytes.ok()) return bytes.status();
-      auto grads = UnpackBundle(*bytes, out_grad_entries, micro_batch_size,
-                                config.wire_precision);
+      std::vector<at::Tensor> masks = FloatMasks(out_entries, s.output_masks);
+      auto grads =
+          AnySkipsZeros(out_grad_entries)
+              ? UnpackSkippingZeros(*bytes, out_grad_entries, micro_batch_size,
+                                    config.wire_precision, BundleKind::kGradients,
+                                    masks)
+              : UnpackBundle(*bytes, out_grad_entries, micro_batch_size,
+                             config.wire_precision);
       if (!grads.ok()) return Fail("unpacking gradients", grads.status());
       size_t g = 0;
       for (size_t i = 0; i < layout().outputs.size(); ++i) {
@@ -350,7 +409,7 @@ struct StageExecutor::Impl {
         if (!g.defined()) g = torch::zeros_like(s.inputs[i]);
         out.push_back(g);
       }
-      input_grads[j] = std::move(out);
+      input_grads[j] = {std::move(out), FloatMasks(in_entries, s.input_masks)};
     }
     report.max_staleness = std::max(report.max_staleness, weights->newest() - v);
     ++report.backward_micro_batches;
@@ -729,7 +788,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   c.model = impl->model.get();
   impl->train = train;
   impl->test = test;
-  impl->out_grad_entries = FloatEntries(c.layout->outputs);
+  impl->in_entries = WireEntries(c.layout->inputs, cfg.skip_zeros);
+  impl->out_entries = WireEntries(c.layout->outputs, cfg.skip_zeros);
+  impl->in_grad_entries = FloatEntries(impl->in_entries);
+  impl->out_grad_entries = FloatEntries(impl->out_entries);
 
   std::vector<at::Tensor> initial;
   if (!cfg.test.initial_parameters.empty()) {

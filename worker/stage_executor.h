@@ -123,6 +123,9 @@ struct ExecutorConfig {
   // The precision activations and their gradients cross the cuts in
   // (ScheduleSpec.transfer_precision); evaluation always sends float32.
   WirePrecision wire_precision = WirePrecision::kFloat32;
+  // ReLU outputs cross the cuts without their zeros, and their gradients
+  // only where they are not zero (ScheduleSpec.skip_zeros; transport.h).
+  bool skip_zeros = false;
   LimitOptions limits;
   EvaluationOptions evaluation;
   CheckpointOptions checkpoint;

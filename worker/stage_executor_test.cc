@@ -262,9 +262,11 @@ TEST(TransferPrecisionTest, BFloat16SendsHalfTheFloatBytesAndTrainsAlike) {
   sched.kind = ScheduleKind::kGPipe;  // synchronous: comparable step for step
   sched.num_stages = 2;
   sched.micro_batches_per_iteration = 4;
-  PipelineResult exact = RunPipeline(f, sched, spec, kSteps);
+  // Whole tensors, zeros included (skip_zeros below).
+  PipelineResult exact = RunPipeline(f, sched, spec, kSteps, false, {}, false, {},
+                                     apapo::v1::TRANSFER_PRECISION_FLOAT32, false);
   PipelineResult half = RunPipeline(f, sched, spec, kSteps, false, {}, false, {},
-                                    apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+                                    apapo::v1::TRANSFER_PRECISION_BFLOAT16, false);
   for (const auto& s : exact.statuses) ASSERT_TRUE(s.ok()) << s;
   for (const auto& s : half.statuses) ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(half.reports.size(), 2u);
@@ -284,6 +286,54 @@ TEST(TransferPrecisionTest, BFloat16SendsHalfTheFloatBytesAndTrainsAlike) {
     EXPECT_LE((exact.params[name] - want).abs().max().item<double>(), 1e-5) << name;
   }
   EXPECT_GT(largest, 1e-6) << "the rounding reached the weights";
+}
+
+// ReLU outputs crossing without their zeros: the same weights bit for bit
+// as whole tensors, in float32 and in bfloat16, synchronous and async, in
+// fewer bytes each way.
+TEST(SkipZerosTest, SameWeightsBitForBitInFewerBytes) {
+  Fixture f = MakeFixture();
+  const apapo::v1::OptimizerSpec spec = Sgd();
+  constexpr int64_t kSteps = 6;
+  schedule::ScheduleOptions gpipe;
+  gpipe.kind = ScheduleKind::kGPipe;
+  gpipe.num_stages = 3;
+  gpipe.micro_batches_per_iteration = 4;
+  // The cuts BalancedSplit makes carry ReLU outputs (else nothing is tested).
+  auto stages = BalancedSplit(*f.graph, 3);
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  auto layouts = LayoutStages(*f.graph, *stages);
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  int relu_cuts = 0;
+  for (const StageLayout& l : *layouts) {
+    for (const BundleEntry& e : l.outputs) relu_cuts += e.skip_zeros;
+  }
+  ASSERT_GT(relu_cuts, 0);
+  schedule::ScheduleOptions async = AsyncTwoStages(2);
+  async.num_stages = 3;
+  for (auto precision : {apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                         apapo::v1::TRANSFER_PRECISION_BFLOAT16}) {
+    for (const schedule::ScheduleOptions& sched : {gpipe, async}) {
+      SCOPED_TRACE(absl::StrCat(apapo::v1::TransferPrecision_Name(precision), " ",
+                                schedule::ScheduleKindName(sched.kind)));
+      const bool async = sched.kind == ScheduleKind::kAsync;
+      PipelineResult whole = RunPipeline(f, sched, spec, kSteps, false, {}, async, {},
+                                         precision, /*skip_zeros=*/false);
+      PipelineResult skipped = RunPipeline(f, sched, spec, kSteps, false, {}, async, {},
+                                           precision, /*skip_zeros=*/true);
+      for (const auto& st : whole.statuses) ASSERT_TRUE(st.ok()) << st;
+      for (const auto& st : skipped.statuses) ASSERT_TRUE(st.ok()) << st;
+      for (const auto& [name, want] : whole.params) {
+        ASSERT_TRUE(skipped.params.count(name)) << name;
+        EXPECT_TRUE(torch::equal(skipped.params[name], want)) << name;
+      }
+      int64_t sent_whole = 0, sent_skipped = 0;
+      for (const auto& r : whole.reports) sent_whole += r.bytes_sent;
+      for (const auto& r : skipped.reports) sent_skipped += r.bytes_sent;
+      EXPECT_LT(sent_skipped, sent_whole);  // exact sizes: transport_test
+      EXPECT_GT(sent_skipped, 0);
+    }
+  }
 }
 
 // The throughput a replica reports leaves out its run's first

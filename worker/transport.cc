@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -41,6 +42,9 @@ bool CallPredicate(std::function<bool()>* f) { return (*f)(); }
 
 int64_t ElementSize(DType d) { return d == DType::kInt64 ? 8 : 4; }
 int64_t Align8(int64_t n) { return (n + 7) / 8 * 8; }
+
+// The length a length-prefixed message starts with (ExpectRecvUpTo).
+constexpr int64_t kLengthPrefixBytes = 8;
 
 // A Gloo TCP device bound to `host`.
 absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> DeviceFor(
@@ -149,7 +153,20 @@ class GlooTransport : public Transport {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
     if (absl::Status s = CheckPeer(src); !s.ok()) return s;
-    RecvChannelFor(src).expected.push_back({tag, nbytes});
+    RecvChannelFor(src).expected.push_back({tag, nbytes, false});
+    return absl::OkStatus();
+  }
+
+  absl::Status ExpectRecvUpTo(int src, int64_t tag, int64_t max_bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    if (absl::Status s = CheckPeer(src); !s.ok()) return s;
+    if (max_bytes < kLengthPrefixBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options_.label, ": a length-prefixed message needs at least ",
+          kLengthPrefixBytes, " bytes, not ", max_bytes));
+    }
+    RecvChannelFor(src).expected.push_back({tag, max_bytes, true});
     return absl::OkStatus();
   }
 
@@ -271,15 +288,21 @@ class GlooTransport : public Transport {
     c10::intrusive_ptr<c10d::Work> current;
     std::thread thread;
   };
+  struct Expected {
+    int64_t tag;
+    int64_t bytes;  // the size, or the most a length-prefixed one takes
+    bool length_prefixed;
+  };
   struct Posted {
     int64_t tag;
+    bool length_prefixed;
     at::Tensor buffer;
     c10::intrusive_ptr<c10d::Work> work;
     absl::Time posted;
   };
   struct RecvChannel {
     int peer = 0;
-    std::deque<std::pair<int64_t, int64_t>> expected;  // (tag, bytes)
+    std::deque<Expected> expected;
     std::deque<Posted> inflight;
     absl::flat_hash_map<int64_t, at::Tensor> ready;
     int outstanding = 0;  // posted and not yet returned by Recv()
@@ -380,12 +403,12 @@ class GlooTransport : public Transport {
         if (stopping_ || !failure_.ok()) return;
         try {
           while (!ch->expected.empty() && ch->outstanding < lookahead) {
-            auto [tag, nbytes] = ch->expected.front();
+            const Expected e = ch->expected.front();
             ch->expected.pop_front();
-            Posted p{tag, torch::empty({nbytes}, torch::kUInt8), {},
-                     absl::Now()};
+            Posted p{e.tag, e.length_prefixed,
+                     torch::empty({e.bytes}, torch::kUInt8), {}, absl::Now()};
             std::vector<at::Tensor> v{p.buffer};
-            p.work = pg_->recv(v, ch->peer, static_cast<int>(tag));
+            p.work = pg_->recv(v, ch->peer, static_cast<int>(e.tag));
             ch->inflight.push_back(std::move(p));
             ++ch->outstanding;
           }
@@ -411,6 +434,21 @@ class GlooTransport : public Transport {
               front.tag, ") failed: ", error)));
         }
         return;
+      }
+      if (front.length_prefixed) {
+        // Gloo fills a posted buffer with a shorter message and leaves the
+        // rest as it was; the message's own length says how much came.
+        int64_t length = 0;
+        std::memcpy(&length, front.buffer.data_ptr<uint8_t>(), sizeof(length));
+        if (length < kLengthPrefixBytes || length > front.buffer.numel()) {
+          FailLocked(absl::DataLossError(absl::StrCat(
+              options_.label, ": message from ", PeerName(ch->peer), " (tag ",
+              front.tag, ") gives its length as ", length,
+              " bytes; it was posted for ", kLengthPrefixBytes, " to ",
+              front.buffer.numel())));
+          return;
+        }
+        front.buffer = front.buffer.narrow(0, 0, length);
       }
       stats_.bytes_received += front.buffer.numel();
       stats_.recv_seconds += absl::ToDoubleSeconds(absl::Now() - front.posted);
@@ -517,6 +555,10 @@ WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec) {
              : WirePrecision::kFloat32;
 }
 
+bool SkipZerosFor(const apapo::v1::JobSpec& spec) {
+  return !spec.schedule().has_skip_zeros() || spec.schedule().skip_zeros();
+}
+
 namespace {
 
 // Bytes one element of `dtype` takes on the wire.
@@ -593,6 +635,261 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
     }
     out.push_back(t);
     offset += Align8(nbytes);
+  }
+  return out;
+}
+
+namespace {
+
+// A float's bits on the wire (float32 or bfloat16) with its sign masked
+// off: zero for +0 and -0 only.
+template <typename Bits>
+struct WireBits;
+template <>
+struct WireBits<uint32_t> {
+  static constexpr uint32_t kMagnitude = 0x7fffffffu;
+  static float Widen(uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  }
+};
+template <>
+struct WireBits<uint16_t> {
+  static constexpr uint16_t kMagnitude = 0x7fffu;
+  static float Widen(uint16_t b) {
+    const uint32_t wide = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof(f));
+    return f;
+  }
+};
+
+// `t` (float32) as it travels: float32, or rounded to bfloat16.
+at::Tensor OnWire(const at::Tensor& t, WirePrecision wire) {
+  at::Tensor w = t.detach();
+  if (wire == WirePrecision::kBFloat16) w = w.to(torch::kBFloat16);
+  return w.contiguous();
+}
+
+int64_t Numel(const BundleEntry& e, int64_t batch) {
+  int64_t n = batch;
+  for (int64_t d : e.sample_shape) n *= d;
+  return n;
+}
+
+// Writes the mask bits of `src`'s nonzeros at `bits` (n bits, zero
+// padded to whole bytes) and their values at `values`; fills `mask`.
+// Returns how many values it wrote.
+template <typename Bits>
+int64_t PackNonzeros(const Bits* src, int64_t n, uint8_t* bits, bool* mask,
+                     Bits* values) {
+  std::memset(bits, 0, (n + 7) / 8);
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool nonzero = (src[i] & WireBits<Bits>::kMagnitude) != 0;
+    mask[i] = nonzero;
+    if (nonzero) {
+      bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+      values[k++] = src[i];
+    }
+  }
+  return k;
+}
+
+// Writes `src`'s values where `mask` is set; returns how many.
+template <typename Bits>
+int64_t PackMasked(const Bits* src, int64_t n, const bool* mask, Bits* values) {
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask[i]) values[k++] = src[i];
+  }
+  return k;
+}
+
+// out[i] = the next value where mask[i], else 0 (out is zeroed).
+template <typename Bits>
+void Scatter(const Bits* values, int64_t n, const bool* mask, float* out) {
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask[i]) out[i] = WireBits<Bits>::Widen(values[k++]);
+  }
+}
+
+int64_t WireSize(WirePrecision wire) {
+  return wire == WirePrecision::kBFloat16 ? 2 : 4;
+}
+
+}  // namespace
+
+bool AnySkipsZeros(const std::vector<BundleEntry>& entries) {
+  for (const BundleEntry& e : entries) {
+    if (e.skip_zeros) return true;
+  }
+  return false;
+}
+
+int64_t SkipZerosCapacity(const std::vector<BundleEntry>& entries,
+                          int64_t batch, WirePrecision wire, BundleKind kind) {
+  int64_t total = kLengthPrefixBytes;
+  for (const BundleEntry& e : entries) {
+    const int64_t n = Numel(e, batch);
+    total += Align8(n * WireElementSize(e.dtype, wire));
+    if (e.skip_zeros && kind == BundleKind::kActivations) total += Align8((n + 7) / 8);
+  }
+  return total;
+}
+
+at::Tensor PackSkippingZeros(const std::vector<at::Tensor>& tensors,
+                             const std::vector<BundleEntry>& entries,
+                             WirePrecision wire, BundleKind kind,
+                             std::vector<at::Tensor>& masks) {
+  torch::NoGradGuard no_grad;
+  const bool activations = kind == BundleKind::kActivations;
+  if (activations) masks.assign(entries.size(), at::Tensor());
+  const int64_t batch = tensors.empty() ? 0 : tensors[0].size(0);
+  at::Tensor out =
+      torch::empty({SkipZerosCapacity(entries, batch, wire, kind)}, torch::kUInt8);
+  uint8_t* base = out.data_ptr<uint8_t>();
+  int64_t offset = kLengthPrefixBytes;
+  // Zeroes the padding after `used` bytes at `offset` and moves past it.
+  auto advance = [&](int64_t used) {
+    const int64_t padded = Align8(used);
+    if (padded > used) std::memset(base + offset + used, 0, padded - used);
+    offset += padded;
+  };
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    const int64_t n = t.numel();
+    if (!entries[i].skip_zeros || t.scalar_type() != torch::kFloat) {
+      const at::ScalarType type =
+          t.scalar_type() == torch::kFloat && wire == WirePrecision::kBFloat16
+              ? torch::kBFloat16
+              : t.scalar_type();
+      const int64_t nbytes = n * static_cast<int64_t>(c10::elementSize(type));
+      out.narrow(0, offset, nbytes).view(type).view(t.sizes()).copy_(t.detach());
+      advance(nbytes);
+      continue;
+    }
+    const at::Tensor w = OnWire(t, wire);
+    int64_t k = 0;
+    if (activations) {
+      at::Tensor mask = torch::empty(t.sizes(), torch::kBool);
+      uint8_t* bits = base + offset;
+      advance((n + 7) / 8);
+      if (wire == WirePrecision::kBFloat16) {
+        k = PackNonzeros(static_cast<const uint16_t*>(w.data_ptr()), n, bits,
+                         mask.data_ptr<bool>(),
+                         reinterpret_cast<uint16_t*>(base + offset));
+      } else {
+        k = PackNonzeros(static_cast<const uint32_t*>(w.data_ptr()), n, bits,
+                         mask.data_ptr<bool>(),
+                         reinterpret_cast<uint32_t*>(base + offset));
+      }
+      masks[i] = std::move(mask);
+    } else {
+      const at::Tensor mask = masks.at(i).contiguous();
+      if (wire == WirePrecision::kBFloat16) {
+        k = PackMasked(static_cast<const uint16_t*>(w.data_ptr()), n,
+                       mask.data_ptr<bool>(),
+                       reinterpret_cast<uint16_t*>(base + offset));
+      } else {
+        k = PackMasked(static_cast<const uint32_t*>(w.data_ptr()), n,
+                       mask.data_ptr<bool>(),
+                       reinterpret_cast<uint32_t*>(base + offset));
+      }
+    }
+    advance(k * WireSize(wire));
+  }
+  std::memcpy(base, &offset, sizeof(offset));
+  return out.narrow(0, 0, offset);
+}
+
+absl::StatusOr<std::vector<at::Tensor>> UnpackSkippingZeros(
+    const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
+    int64_t batch, WirePrecision wire, BundleKind kind,
+    std::vector<at::Tensor>& masks) {
+  const bool activations = kind == BundleKind::kActivations;
+  if (activations) masks.assign(entries.size(), at::Tensor());
+  if (masks.size() != entries.size()) {
+    return absl::InternalError(absl::StrCat("bundle of ", entries.size(),
+                                            " entries given ", masks.size(),
+                                            " masks"));
+  }
+  const int64_t size = bytes.numel();
+  const uint8_t* base = bytes.data_ptr<uint8_t>();
+  int64_t length = 0;
+  if (size >= kLengthPrefixBytes) std::memcpy(&length, base, sizeof(length));
+  if (size < kLengthPrefixBytes || length != size) {
+    return absl::InternalError(absl::StrCat("bundle of ", size,
+                                            " bytes gives its length as ", length));
+  }
+  std::vector<at::Tensor> out;
+  int64_t offset = kLengthPrefixBytes;
+  // Claims `nbytes` (padded) at `offset`; fails past the end.
+  auto take = [&](int64_t nbytes, const BundleEntry& e) -> absl::StatusOr<int64_t> {
+    const int64_t start = offset;
+    if (start + Align8(nbytes) > size) {
+      return absl::InternalError(absl::StrCat(
+          "bundle of ", size, " bytes ends inside entry '", e.name, "'"));
+    }
+    offset += Align8(nbytes);
+    return start;
+  };
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const BundleEntry& e = entries[i];
+    std::vector<int64_t> shape{batch};
+    shape.insert(shape.end(), e.sample_shape.begin(), e.sample_shape.end());
+    const int64_t n = Numel(e, batch);
+    if (!e.skip_zeros || e.dtype != DType::kFloat32) {
+      auto pos = take(n * WireElementSize(e.dtype, wire), e);
+      if (!pos.ok()) return pos.status();
+      at::Tensor raw = bytes.narrow(0, *pos, n * WireElementSize(e.dtype, wire));
+      if (e.dtype == DType::kInt64) {
+        out.push_back(raw.view(torch::kLong).view(shape));
+      } else if (wire == WirePrecision::kBFloat16) {
+        out.push_back(raw.view(torch::kBFloat16).view(shape).to(torch::kFloat));
+      } else {
+        out.push_back(raw.view(torch::kFloat).view(shape));
+      }
+      continue;
+    }
+    at::Tensor mask;
+    if (activations) {
+      auto pos = take((n + 7) / 8, e);
+      if (!pos.ok()) return pos.status();
+      const uint8_t* bits = base + *pos;
+      mask = torch::empty(shape, torch::kBool);
+      bool* m = mask.data_ptr<bool>();
+      for (int64_t j = 0; j < n; ++j) m[j] = (bits[j >> 3] >> (j & 7)) & 1;
+      if ((n & 7) != 0 && (bits[n >> 3] >> (n & 7)) != 0) {
+        return absl::InternalError(
+            absl::StrCat("entry '", e.name, "' has mask bits past its ", n, " values"));
+      }
+      masks[i] = mask;
+    } else {
+      mask = masks[i].defined() ? masks[i].contiguous() : at::Tensor();
+      if (!mask.defined() || mask.numel() != n || mask.scalar_type() != torch::kBool) {
+        return absl::InternalError(
+            absl::StrCat("entry '", e.name, "' has no mask of its ", n, " values"));
+      }
+    }
+    const int64_t k = mask.sum().item<int64_t>();
+    auto pos = take(k * WireSize(wire), e);
+    if (!pos.ok()) return pos.status();
+    at::Tensor full = torch::zeros(shape, torch::kFloat);
+    if (wire == WirePrecision::kBFloat16) {
+      Scatter(reinterpret_cast<const uint16_t*>(base + *pos), n,
+              mask.data_ptr<bool>(), full.data_ptr<float>());
+    } else {
+      Scatter(reinterpret_cast<const uint32_t*>(base + *pos), n,
+              mask.data_ptr<bool>(), full.data_ptr<float>());
+    }
+    out.push_back(std::move(full));
+  }
+  if (offset != size) {
+    return absl::InternalError(absl::StrCat("bundle of ", size, " bytes has ",
+                                            size - offset, " bytes past its entries"));
   }
   return out;
 }

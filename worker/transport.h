@@ -70,6 +70,13 @@ class Transport {
   virtual absl::Status Send(int dst, int64_t tag, at::Tensor bytes) = 0;
   // Declares the next message `src` will send to us: its tag and size.
   virtual absl::Status ExpectRecv(int src, int64_t tag, int64_t nbytes) = 0;
+  // Declares a message of variable size, at most `max_bytes`: its first 8
+  // bytes hold its whole length (int64, this machine's byte order), and
+  // Recv() returns exactly that many bytes. A message that names a length
+  // below 8 or above `max_bytes` fails the transport (DATA_LOSS naming the
+  // peer and tag).
+  virtual absl::Status ExpectRecvUpTo(int src, int64_t tag,
+                                      int64_t max_bytes) = 0;
   // Returns the declared message (src, tag) once it has arrived.
   virtual absl::StatusOr<at::Tensor> Recv(int src, int64_t tag) = 0;
   // Waits until every enqueued send has completed.
@@ -142,6 +149,8 @@ enum class WirePrecision { kFloat32, kBFloat16 };
 
 // The job's choice (UNSPECIFIED and FLOAT32: kFloat32).
 WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec);
+// Whether ReLU outputs cross without their zeros (skip_zeros; unset: true).
+bool SkipZerosFor(const apapo::v1::JobSpec& spec);
 
 // Bytes of one bundle of `entries` for `batch` samples sent in `wire`.
 int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch,
@@ -156,6 +165,40 @@ at::Tensor PackBundle(const std::vector<at::Tensor>& tensors,
 absl::StatusOr<std::vector<at::Tensor>> UnpackBundle(
     const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
     int64_t batch, WirePrecision wire);
+
+// ---- bundles without zeros (ScheduleSpec.skip_zeros) ----
+//
+// An entry with skip_zeros (a ReLU's output) crosses in an activations
+// bundle as a bitmask of its nonzero values (in `wire`: a value that
+// rounds to zero is zero) and those values, in order; in the gradients
+// bundle that answers it, its gradient travels only at the mask's
+// positions (a ReLU passes no gradient through its zeros), and the
+// receiver fills the rest with zeros. Other entries travel as in
+// PackBundle. Such bundles vary in size: they start with their length
+// (ExpectRecvUpTo) and are at most SkipZerosCapacity bytes.
+enum class BundleKind { kActivations, kGradients };
+
+// Whether any entry has skip_zeros (the bundle is then length-prefixed).
+bool AnySkipsZeros(const std::vector<BundleEntry>& entries);
+// The most bytes such a bundle of `entries` for `batch` samples takes.
+int64_t SkipZerosCapacity(const std::vector<BundleEntry>& entries,
+                          int64_t batch, WirePrecision wire, BundleKind kind);
+// Packs `tensors` (one per entry). Activations: `masks` receives, per
+// entry, the positions sent (a kBool tensor of the entry's shape) for
+// skip_zeros entries and an undefined tensor for the others. Gradients:
+// `masks` gives them (what the activations bundle carried).
+at::Tensor PackSkippingZeros(const std::vector<at::Tensor>& tensors,
+                             const std::vector<BundleEntry>& entries,
+                             WirePrecision wire, BundleKind kind,
+                             std::vector<at::Tensor>& masks);
+// The inverse: float32 tensors of the entries' full shapes. Activations:
+// `masks` receives the masks as PackSkippingZeros gave them; gradients:
+// `masks` gives them. INTERNAL naming the entry when the bytes do not
+// match (a length, a mask or a count off).
+absl::StatusOr<std::vector<at::Tensor>> UnpackSkippingZeros(
+    const at::Tensor& bytes, const std::vector<BundleEntry>& entries,
+    int64_t batch, WirePrecision wire, BundleKind kind,
+    std::vector<at::Tensor>& masks);
 
 }  // namespace worker
 }  // namespace apapo

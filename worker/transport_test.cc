@@ -95,6 +95,185 @@ TEST(BundleTest, WirePrecisionFollowsTheSpec) {
   EXPECT_EQ(WirePrecisionFor(spec), WirePrecision::kBFloat16);
 }
 
+// A ReLU's output at about half zeros, as the mlp's cuts carry.
+at::Tensor ReluLike(int64_t batch, int64_t width, uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::relu(torch::randn({batch, width}));
+}
+
+TEST(SkipZerosTest, ActivationsAndGradientsRoundTripExactlyInFewerBytes) {
+  // 37 values a sample: the mask's last byte is partly padding.
+  std::vector<BundleEntry> entries = {{"relu1", {37}, DType::kFloat32, true},
+                                      {"fc2", {5}, DType::kFloat32, false},
+                                      {"labels", {}, DType::kInt64, false}};
+  const int64_t batch = 64;
+  at::Tensor h = ReluLike(batch, 37, 5);
+  h[0][0] = -0.0f;  // a negative zero is a zero
+  at::Tensor x = torch::randn({batch, 5});
+  at::Tensor y = torch::arange(batch, torch::kLong) + (int64_t{1} << 40);
+  std::vector<at::Tensor> sent_masks;
+  at::Tensor bytes = PackSkippingZeros({h, x, y}, entries, WirePrecision::kFloat32,
+                                       BundleKind::kActivations, sent_masks);
+  const int64_t nonzero = (h != 0).sum().item<int64_t>();
+  ASSERT_GT(nonzero, batch * 37 / 4);
+  ASSERT_LT(nonzero, batch * 37 * 3 / 4);
+  // Length, the mask (padded to 8 bytes), the nonzero values, the rest whole.
+  const int64_t mask_bytes = (batch * 37 + 7) / 8;
+  EXPECT_EQ(bytes.numel(), 8 + (mask_bytes + 7) / 8 * 8 + (nonzero * 4 + 7) / 8 * 8 +
+                               batch * 5 * 4 + batch * 8);
+  EXPECT_LT(bytes.numel(), SkipZerosCapacity(entries, batch, WirePrecision::kFloat32,
+                                             BundleKind::kActivations));
+  EXPECT_LT(bytes.numel(), BundleBytes(entries, batch, WirePrecision::kFloat32));
+  ASSERT_EQ(sent_masks.size(), 3u);
+  EXPECT_TRUE(torch::equal(sent_masks[0], h != 0));
+  EXPECT_FALSE(sent_masks[1].defined());
+
+  std::vector<at::Tensor> got_masks;
+  auto back = UnpackSkippingZeros(bytes, entries, batch, WirePrecision::kFloat32,
+                                  BundleKind::kActivations, got_masks);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(torch::equal((*back)[0], h.abs())) << "every value, bit for bit";
+  EXPECT_TRUE(torch::equal((*back)[1], x));
+  EXPECT_TRUE(torch::equal((*back)[2], y));
+  EXPECT_TRUE(torch::equal(got_masks[0], sent_masks[0]));
+
+  // The gradients answer with values at the mask's positions only; the
+  // receiver's zeros elsewhere are what the ReLU's backward makes of any.
+  std::vector<BundleEntry> grads = {entries[0], entries[1]};
+  at::Tensor gh = torch::randn({batch, 37});
+  at::Tensor gx = torch::randn({batch, 5});
+  std::vector<at::Tensor> masks = {got_masks[0], at::Tensor()};
+  at::Tensor gbytes = PackSkippingZeros({gh, gx}, grads, WirePrecision::kFloat32,
+                                        BundleKind::kGradients, masks);
+  EXPECT_EQ(gbytes.numel(), 8 + (nonzero * 4 + 7) / 8 * 8 + batch * 5 * 4);
+  masks = {sent_masks[0], at::Tensor()};
+  auto gback = UnpackSkippingZeros(gbytes, grads, batch, WirePrecision::kFloat32,
+                                   BundleKind::kGradients, masks);
+  ASSERT_TRUE(gback.ok()) << gback.status();
+  EXPECT_TRUE(torch::equal((*gback)[0], gh * sent_masks[0]));
+  EXPECT_TRUE(torch::equal((*gback)[1], gx));
+  // What the producing ReLU passes back is the same either way.
+  at::Tensor pre = torch::randn({batch, 37}).requires_grad_(true);
+  at::Tensor out = torch::relu(pre);
+  at::Tensor dense = torch::autograd::grad({out}, {pre}, {gh}, true)[0];
+  at::Tensor skipped =
+      torch::autograd::grad({out}, {pre}, {gh * (out != 0)}, false)[0];
+  EXPECT_TRUE(torch::equal(dense, skipped));
+}
+
+TEST(SkipZerosTest, BFloat16MasksWhatRoundsToZero) {
+  std::vector<BundleEntry> entries = {{"relu", {64}, DType::kFloat32, true}};
+  const int64_t batch = 16;
+  at::Tensor h = ReluLike(batch, 64, 9);
+  h[1][3] = 1e-45f;  // a float32 denormal bfloat16 rounds to zero
+  std::vector<at::Tensor> masks;
+  at::Tensor bytes = PackSkippingZeros({h}, entries, WirePrecision::kBFloat16,
+                                       BundleKind::kActivations, masks);
+  const at::Tensor rounded = h.to(torch::kBFloat16).to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(masks[0], rounded != 0));
+  EXPECT_FALSE(masks[0][1][3].item<bool>());
+  std::vector<at::Tensor> got;
+  auto back = UnpackSkippingZeros(bytes, entries, batch, WirePrecision::kBFloat16,
+                                  BundleKind::kActivations, got);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(torch::equal((*back)[0], rounded)) << "as PackBundle would round";
+  // A bundle read in the other precision does not come out.
+  std::vector<at::Tensor> other;
+  EXPECT_FALSE(UnpackSkippingZeros(bytes, entries, batch, WirePrecision::kFloat32,
+                                   BundleKind::kActivations, other)
+                   .ok());
+}
+
+TEST(SkipZerosTest, DamagedBundlesAreRefusedNamingTheEntry) {
+  std::vector<BundleEntry> entries = {{"relu3", {16}, DType::kFloat32, true}};
+  at::Tensor h = ReluLike(8, 16, 2);
+  std::vector<at::Tensor> masks;
+  at::Tensor bytes = PackSkippingZeros({h}, entries, WirePrecision::kFloat32,
+                                       BundleKind::kActivations, masks);
+  std::vector<at::Tensor> got;
+  // Cut short (its length still says the whole).
+  auto cut = UnpackSkippingZeros(bytes.narrow(0, 0, bytes.numel() - 8).clone(),
+                                 entries, 8, WirePrecision::kFloat32,
+                                 BundleKind::kActivations, got);
+  EXPECT_THAT(cut.status().message(), HasSubstr("gives its length"));
+  // One more mask bit than values: the count runs past the end.
+  at::Tensor more = bytes.clone();
+  uint8_t* bits = more.data_ptr<uint8_t>() + 8;
+  for (int i = 0; i < 16; ++i) bits[i] = 0xff;
+  auto over = UnpackSkippingZeros(more, entries, 8, WirePrecision::kFloat32,
+                                  BundleKind::kActivations, got);
+  EXPECT_THAT(over.status().message(), HasSubstr("ends inside entry 'relu3'"));
+  // Gradients without the mask they answer.
+  std::vector<at::Tensor> none = {at::Tensor()};
+  auto grads = UnpackSkippingZeros(bytes, entries, 8, WirePrecision::kFloat32,
+                                   BundleKind::kGradients, none);
+  EXPECT_THAT(grads.status().message(), HasSubstr("no mask"));
+}
+
+TEST(SkipZerosTest, FollowsTheSpec) {
+  apapo::v1::JobSpec spec;
+  EXPECT_TRUE(SkipZerosFor(spec));
+  spec.mutable_schedule()->set_skip_zeros(false);
+  EXPECT_FALSE(SkipZerosFor(spec));
+  spec.mutable_schedule()->set_skip_zeros(true);
+  EXPECT_TRUE(SkipZerosFor(spec));
+}
+
+TEST(GlooTransportTest, LengthPrefixedMessagesArriveAtTheirLength) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<BundleEntry> entries = {{"relu", {256}, DType::kFloat32, true},
+                                      {"labels", {}, DType::kInt64, false}};
+  const int64_t batch = 32;
+  const int64_t capacity = SkipZerosCapacity(entries, batch, WirePrecision::kFloat32,
+                                             BundleKind::kActivations);
+  std::vector<at::Tensor> sent;
+  std::vector<at::Tensor> masks;
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor h = ReluLike(batch, 256, 20 + i);
+    h.narrow(0, 0, i * 10).zero_();  // three different sizes
+    sent.push_back(PackSkippingZeros({h, torch::arange(batch, torch::kLong)}, entries,
+                                     WirePrecision::kFloat32,
+                                     BundleKind::kActivations, masks));
+  }
+  absl::Status peer_status;
+  std::thread peer([&] {
+    auto t = CreateGlooTransport(Options(port, 1, 2));
+    if (!t.ok()) {
+      peer_status = t.status();
+      return;
+    }
+    for (int i = 0; i < 3; ++i) peer_status.Update((*t)->Send(0, i, sent[i]));
+    // A length past what the receiver posted for.
+    at::Tensor liar = torch::zeros({16}, torch::kUInt8);
+    const int64_t huge = capacity * 2;
+    std::memcpy(liar.data_ptr<uint8_t>(), &huge, sizeof(huge));
+    peer_status.Update((*t)->Send(0, 3, liar));
+    peer_status.Update((*t)->Flush());
+  });
+  auto t = CreateGlooTransport(Options(port, 0, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE((*t)->ExpectRecvUpTo(1, 9, 4).ok()) << "no room for the length";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*t)->ExpectRecvUpTo(1, i, capacity).ok());
+  int64_t received = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto m = (*t)->Recv(1, i);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->numel(), sent[i].numel());
+    EXPECT_TRUE(torch::equal(*m, sent[i]));
+    received += sent[i].numel();
+  }
+  EXPECT_LT(sent[2].numel(), sent[0].numel());
+  EXPECT_EQ((*t)->Stats().bytes_received, received) << "counted at their length";
+  auto bad = (*t)->Recv(1, 3);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("(tag 3) gives its length as"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("rank 1"));
+  peer.join();
+  EXPECT_TRUE(peer_status.ok()) << peer_status;
+}
+
 TEST(GlooTransportTest, SendRecvAndAllReduceBetweenTwoRanks) {
   auto server = StartStoreServer();
   ASSERT_TRUE(server.ok()) << server.status();
