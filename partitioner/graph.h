@@ -12,6 +12,7 @@
 #define APAPO_PARTITIONER_GRAPH_H_
 
 #include <string>
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -30,9 +31,21 @@ struct Node {
   double backward_seconds = 0;
   double activation_bytes = 0;  // output activation, per mini-batch
   double parameter_bytes = 0;
+  // Share of the output's values that are not zero, for a node whose zeros
+  // do not cross a cut (a ReLU's: profile.proto's nonzero_share); 0: every
+  // value crosses.
+  double nonzero_share = 0;
   int line = 0;  // source line in the input file, 0 if unknown
 
   double compute_seconds() const { return forward_seconds + backward_seconds; }
+  // The float32 bytes a cut after this node is charged, before dividing
+  // by the wire's compression ratio `rho`: the nonzero values and one bit
+  // per value for their mask (which does not shrink with the precision),
+  // never above the whole output.
+  double cut_bytes(double rho) const {
+    if (!(nonzero_share > 0)) return activation_bytes;
+    return activation_bytes * std::min(1.0, nonzero_share + rho / 32.0);
+  }
 };
 
 struct Edge {

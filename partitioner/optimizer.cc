@@ -62,9 +62,11 @@ struct WorkGraph {
   std::vector<std::vector<int>> succ, pred;
   std::vector<int> topo;                // work indices
   std::vector<double> compute, params, acts;
+  std::vector<double> cut;  // Node::cut_bytes: what a cut after it sends
 };
 
-WorkGraph BuildWorkGraph(const Graph& graph) {
+// `rho`: the wire's compression ratio (Node::cut_bytes).
+WorkGraph BuildWorkGraph(const Graph& graph, double rho) {
   const int n = graph.num_nodes();
   std::vector<bool> removed(n, false);
   int removed_count = 0;
@@ -94,6 +96,7 @@ WorkGraph BuildWorkGraph(const Graph& graph) {
     w.compute.push_back(node.compute_seconds());
     w.params.push_back(node.parameter_bytes);
     w.acts.push_back(node.activation_bytes);
+    w.cut.push_back(node.cut_bytes(rho));
   }
   w.succ.resize(w.n);
   w.pred.resize(w.n);
@@ -405,7 +408,7 @@ class OutActivation {
         if (!in[v]) continue;
         for (int s : w_.succ[v]) {
           if (!in[s]) {
-            total += w_.acts[v];
+            total += w_.cut[v];
             break;
           }
         }
@@ -427,12 +430,12 @@ class OutActivation {
       if (!maximal) continue;
       if (stamp_[a] != epoch_) {
         stamp_[a] = epoch_;
-        total += w_.acts[a];
+        total += w_.cut[a];
       }
       for (int p : Extra(a)) {
         if (stamp_[p] != epoch_) {
           stamp_[p] = epoch_;
-          total += w_.acts[p];
+          total += w_.cut[p];
         }
       }
     }
@@ -1635,7 +1638,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     }
     return plan;
   }
-  const WorkGraph w = BuildWorkGraph(graph);
+  const WorkGraph w = BuildWorkGraph(graph, options.activation_compression_ratio);
   const int64_t cap = StateCap(options, cluster);
   SearchBudget budget(options.budget);
   absl::StatusOr<States> made = MakeStates(w, options.cost_model, cap, &budget);
@@ -1779,7 +1782,7 @@ absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,
   });
   if (options.replicas > 0) workers.resize(options.replicas);
   std::sort(workers.begin(), workers.end());
-  const WorkGraph w = BuildWorkGraph(graph);
+  const WorkGraph w = BuildWorkGraph(graph, options.activation_compression_ratio);
   std::vector<int> all_one(w.n, 0);
   Units units = MakeUnits(w, all_one);
   std::vector<Bits> sets;

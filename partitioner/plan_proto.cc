@@ -124,9 +124,14 @@ absl::StatusOr<std::string> PlanToJson(const apapo::v1::Plan& plan) {
   return json;
 }
 
-absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
+absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
+                                       bool skip_zeros) {
   Graph graph;
   for (const apapo::v1::NodeProfile& n : profile.nodes()) {
+    if (!(n.nonzero_share() >= 0 && n.nonzero_share() <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node '", n.id(), "': nonzero_share must be in [0, 1], got ", n.nonzero_share()));
+    }
     Node node;
     node.id = n.id();
     node.description = n.description();
@@ -134,6 +139,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile) {
     node.backward_seconds = n.backward_seconds();
     node.activation_bytes = static_cast<double>(n.activation_bytes());
     node.parameter_bytes = static_cast<double>(n.parameter_bytes());
+    if (skip_zeros) node.nonzero_share = n.nonzero_share();
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());

@@ -36,7 +36,10 @@ apapo::v1::Plan PlanToProto(const Plan& plan, const Graph& graph,
 absl::StatusOr<std::string> PlanToJson(const apapo::v1::Plan& plan);
 
 // Builds a validated graph from a profile (edges from NodeProfile.inputs).
-absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile);
+// `skip_zeros`: whether the nodes' nonzero_share is charged at the cuts
+// (ScheduleSpec.skip_zeros); false: every value crosses.
+absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
+                                       bool skip_zeros = true);
 
 // Nodes worth splitting column-wise (plan.proto's LayerSplit): those with a
 // split_width of at least 2 whose forward + backward time is at least

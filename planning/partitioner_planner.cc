@@ -304,7 +304,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
   const bool sharing = !subsets.empty();
   if (!sharing) subsets = SpeedSubsets(cluster_spec);
   if (subsets.empty()) return PlanOn(spec, profile, cluster_spec);
-  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile, SkipZerosRequested(spec));
   if (!graph.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("measured profile: ", graph.status().message()));
@@ -402,7 +402,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOn(
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
     const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
     const apapo::v1::ClusterSpec& cluster_spec) {
-  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile, SkipZerosRequested(spec));
   if (!graph.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("measured profile: ", graph.status().message()));
@@ -497,7 +497,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
       absl::StatusOr<apapo::v1::ModelProfile> split_profile =
           pt::SplitProfile(profile, trial);
       if (!split_profile.ok()) continue;
-      absl::StatusOr<pt::Graph> split_graph = pt::GraphFromProfile(*split_profile);
+      absl::StatusOr<pt::Graph> split_graph =
+          pt::GraphFromProfile(*split_profile, SkipZerosRequested(spec));
       if (!split_graph.ok()) continue;
       absl::StatusOr<pt::Plan> split_plan = PlanWith(*split_graph, *cluster, options);
       // The best of the part counts, if it beats the unsplit plan by the
@@ -531,9 +532,9 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
         absl::StatusOr<pt::Plan> fewer_plan = absl::InternalError("no splits");
         absl::StatusOr<pt::Graph> fewer_graph = *graph;
         if (needed.empty()) {
-          fewer_graph = pt::GraphFromProfile(profile);
+          fewer_graph = pt::GraphFromProfile(profile, SkipZerosRequested(spec));
         } else if (auto p = pt::SplitProfile(profile, needed); p.ok()) {
-          fewer_graph = pt::GraphFromProfile(*p);
+          fewer_graph = pt::GraphFromProfile(*p, SkipZerosRequested(spec));
         } else {
           fewer_graph = p.status();
         }
@@ -579,10 +580,28 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   }
   if (!fewer_note.empty()) out.add_notes(fewer_note);
   out.set_transfer_precision(spec.schedule().transfer_precision());
+  out.set_skip_zeros(SkipZerosRequested(spec));
   if (options.activation_compression_ratio != 1) {
     out.add_notes(
         "activations and gradients cross the cuts in bfloat16: the links "
         "are charged half the profile's bytes");
+  }
+  if (out.skip_zeros()) {
+    double low = 1, high = 0;
+    for (const auto& n : profile.nodes()) {
+      if (n.nonzero_share() <= 0) continue;
+      const double share =
+          std::min(1.0, n.nonzero_share() + options.activation_compression_ratio / 32);
+      low = std::min(low, share);
+      high = std::max(high, share);
+    }
+    if (high > 0) {
+      out.add_notes(absl::StrFormat(
+          "ReLU outputs cross the cuts without their zeros: a cut after one "
+          "is charged %.0f%%-%.0f%% of its bytes (the nonzero values measured "
+          "while profiling, and the mask)",
+          100 * low, 100 * high));
+    }
   }
   if (!schedule_note.empty()) out.add_notes(schedule_note);
   if (!micro_note.empty()) out.add_notes(micro_note);

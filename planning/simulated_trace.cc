@@ -41,7 +41,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     }
     profile = *std::move(split);
   }
-  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile);
+  absl::StatusOr<pt::Graph> graph = pt::GraphFromProfile(profile, plan.skip_zeros());
   if (!graph.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("measured profile: ", graph.status().message()));
@@ -135,14 +135,14 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     p.stages[s].output_bandwidth = link.bandwidth;
     p.stages[s].output_burst_bytes = link.burst_bytes;
   }
-  // The bytes that cross the wire (plan.transfer_precision).
+  // The bytes that cross the wire (plan.transfer_precision, skip_zeros).
   const double compression = TransferCompressionRatio(plan.transfer_precision());
   for (int v = 0; v < graph->num_nodes(); ++v) {
     if (stage_of[v] < 0) continue;
     for (int w : graph->successors(v)) {
       if (stage_of[w] > stage_of[v]) {
         p.stages[stage_of[v]].output_bytes +=
-            graph->node(v).activation_bytes * per_micro / compression;
+            graph->node(v).cut_bytes(compression) * per_micro / compression;
         break;
       }
     }

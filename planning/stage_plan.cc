@@ -132,6 +132,10 @@ bool WeightPredictionRequested(const apapo::v1::JobSpec& spec) {
          spec.schedule().weight_prediction();
 }
 
+bool SkipZerosRequested(const apapo::v1::JobSpec& spec) {
+  return !spec.schedule().has_skip_zeros() || spec.schedule().skip_zeros();
+}
+
 double TransferCompressionRatio(apapo::v1::TransferPrecision precision) {
   return precision == apapo::v1::TRANSFER_PRECISION_BFLOAT16 ? 2.0 : 1.0;
 }

@@ -71,6 +71,10 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
 // weight_prediction; unset: yes). Other schedules never do.
 bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
 
+// Whether ReLU outputs cross the cuts without their zeros (ScheduleSpec.
+// skip_zeros; unset: yes).
+bool SkipZerosRequested(const apapo::v1::JobSpec& spec);
+
 // How many times fewer bytes than the profile's float32 activations cross a
 // cut in `precision`: 2 for BFLOAT16, 1 otherwise (the partitioner's
 // activation compression ratio).

@@ -555,10 +555,6 @@ WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec) {
              : WirePrecision::kFloat32;
 }
 
-bool SkipZerosFor(const apapo::v1::JobSpec& spec) {
-  return !spec.schedule().has_skip_zeros() || spec.schedule().skip_zeros();
-}
-
 namespace {
 
 // Bytes one element of `dtype` takes on the wire.

@@ -149,8 +149,6 @@ enum class WirePrecision { kFloat32, kBFloat16 };
 
 // The job's choice (UNSPECIFIED and FLOAT32: kFloat32).
 WirePrecision WirePrecisionFor(const apapo::v1::JobSpec& spec);
-// Whether ReLU outputs cross without their zeros (skip_zeros; unset: true).
-bool SkipZerosFor(const apapo::v1::JobSpec& spec);
 
 // Bytes of one bundle of `entries` for `batch` samples sent in `wire`.
 int64_t BundleBytes(const std::vector<BundleEntry>& entries, int64_t batch,

@@ -210,15 +210,6 @@ TEST(SkipZerosTest, DamagedBundlesAreRefusedNamingTheEntry) {
   EXPECT_THAT(grads.status().message(), HasSubstr("no mask"));
 }
 
-TEST(SkipZerosTest, FollowsTheSpec) {
-  apapo::v1::JobSpec spec;
-  EXPECT_TRUE(SkipZerosFor(spec));
-  spec.mutable_schedule()->set_skip_zeros(false);
-  EXPECT_FALSE(SkipZerosFor(spec));
-  spec.mutable_schedule()->set_skip_zeros(true);
-  EXPECT_TRUE(SkipZerosFor(spec));
-}
-
 TEST(GlooTransportTest, LengthPrefixedMessagesArriveAtTheirLength) {
   auto server = StartStoreServer();
   ASSERT_TRUE(server.ok()) << server.status();

@@ -33,6 +33,8 @@ Rows (per model and link; `single` once per round, it uses no link):
   stagesN    ours, async on N stages of one replica each (stages4 with
              --layout=2x2: all four workers busy, two to a core)
   ddp        PyTorch DDP, Gloo, rank per host
+  ROW_dense  any of ours (auto_dense, auto_dense_bf16) with ReLU outputs
+             crossing whole, zeros included (schedule.skip_zeros false)
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
              gradients crossing the link in bfloat16 (transfer_precision)
   ROW_sN     any of ours (auto_s3, auto_bf16_s3) with schedule.max_staleness N
@@ -371,7 +373,8 @@ def inner(a):
                 numbered(r, "stages") and not (rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN, stagesN; "
-                 f"ours as ROW_bf16 (transfers in bfloat16), ROW_sN (max_staleness N), "
+                 f"ours as ROW_dense (zeros cross too), ROW_bf16 (transfers in bfloat16), "
+                 f"ROW_sN (max_staleness N), "
                  f"ROW_cN (a checkpoint every N steps))")
     try:
         text_format.Merge(a.schedule, job_pb2.ScheduleSpec())

@@ -81,6 +81,10 @@ struct NodeTimes {
   double backward = 0;
   int64_t activation_bytes = 0;  // per micro-batch
   int64_t parameter_bytes = 0;
+  // A ReLU's: nonzero outputs over all outputs, summed over the timed
+  // passes (each pass's `nonzero` over `outputs`).
+  double nonzero = 0;
+  double outputs = 0;
 };
 
 struct Calibration {
@@ -523,6 +527,11 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
         times[k].backward =
             pass == 1 ? backward : std::min(times[k].backward, backward);
         times[k].activation_bytes = Bytes(y);
+        if (node.kind() == apapo::v1::LAYER_KIND_RELU && y.defined() &&
+            y.scalar_type() == torch::kFloat) {
+          times[k].nonzero += static_cast<double>((y != 0).sum().item<int64_t>());
+          times[k].outputs += static_cast<double>(y.numel());
+        }
       }
       if (!(*layouts)[k].is_last) carried = std::move(out->outputs);
     }
@@ -673,6 +682,11 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     np->set_description(Describe(node));
     if (node.kind() == apapo::v1::LAYER_KIND_LINEAR) {
       np->set_split_width(node.out_shape.back());  // see plan.proto LayerSplit
+    }
+    if (times[k].outputs > 0) {
+      // Never 0, which would mean "every value crosses".
+      np->set_nonzero_share(
+          std::clamp(times[k].nonzero / times[k].outputs, 1e-6, 1.0));
     }
   }
   if (cal->checkpoint.has_value()) *result.mutable_checkpoint() = *cal->checkpoint;

@@ -75,6 +75,11 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
   // Linear layers may be split column-wise by the planner.
   EXPECT_EQ(measured["fc1"]->split_width(), 64);
   EXPECT_EQ(measured["flatten"]->split_width(), 0);
+  // A ReLU's zeros do not cross a cut: the share of its outputs that do is
+  // measured (about half at initial weights), other nodes' is not.
+  EXPECT_GT(measured["relu1"]->nonzero_share(), 0.2);
+  EXPECT_LT(measured["relu1"]->nonzero_share(), 0.8);
+  EXPECT_EQ(measured["fc1"]->nonzero_share(), 0);
   // Linear(784 -> 64) and Linear(64 -> 10), float32.
   EXPECT_EQ(measured["fc1"]->parameter_bytes(), (784 * 64 + 64) * 4);
   EXPECT_EQ(measured["fc2"]->parameter_bytes(), (64 * 10 + 10) * 4);
