@@ -387,6 +387,9 @@ struct States {
   Units units;
   std::vector<Bits> sets;  // over units, sorted by size, [0] = {}, back = all
   std::vector<double> compute, params, acts, out;
+  // What the cut's values take whole (out counts a ReLU's nonzeros only):
+  // its copies' CPU, since packing and unpacking touch every value.
+  std::vector<double> out_whole;
   int full = 0;
   std::string search;
   bool exact = true;
@@ -394,7 +397,9 @@ struct States {
 
 class OutActivation {
  public:
-  OutActivation(const WorkGraph& w, CostModel model) : w_(w), model_(model) {
+  // Sums `bytes` (per work node: WorkGraph::cut or ::acts) over a cut.
+  OutActivation(const WorkGraph& w, CostModel model, const std::vector<double>& bytes)
+      : w_(w), bytes_(bytes), model_(model) {
     in_.assign(w.n, 0);
     stamp_.assign(w.n, 0);
     if (model == CostModel::kPipeDream) extra_.resize(w.n);
@@ -408,7 +413,7 @@ class OutActivation {
         if (!in[v]) continue;
         for (int s : w_.succ[v]) {
           if (!in[s]) {
-            total += w_.cut[v];
+            total += bytes_[v];
             break;
           }
         }
@@ -430,12 +435,12 @@ class OutActivation {
       if (!maximal) continue;
       if (stamp_[a] != epoch_) {
         stamp_[a] = epoch_;
-        total += w_.cut[a];
+        total += bytes_[a];
       }
       for (int p : Extra(a)) {
         if (stamp_[p] != epoch_) {
           stamp_[p] = epoch_;
-          total += w_.cut[p];
+          total += bytes_[p];
         }
       }
     }
@@ -475,6 +480,7 @@ class OutActivation {
   }
 
   const WorkGraph& w_;
+  const std::vector<double>& bytes_;
   CostModel model_;
   std::vector<char> in_;
   std::vector<int> stamp_;
@@ -500,7 +506,10 @@ States BuildStates(const WorkGraph& w, const Units& units,
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return size[a] < size[b]; });
-  OutActivation out(w, model);
+  OutActivation out(w, model, w.cut);
+  // Without a ReLU share every cut's whole is its out: not summed twice.
+  const bool skipping = w.cut != w.acts;
+  OutActivation whole(w, model, w.acts);
   std::vector<char> in(w.n);
   for (int s : order) {
     std::fill(in.begin(), in.end(), 0);
@@ -518,6 +527,7 @@ States BuildStates(const WorkGraph& w, const Units& units,
     st.params.push_back(p);
     st.acts.push_back(a);
     st.out.push_back(out(in));
+    st.out_whole.push_back(skipping ? whole(in) : st.out.back());
     st.sets.push_back(std::move(sets[s]));
   }
   st.full = st.sets.size() - 1;
@@ -842,10 +852,10 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         if (ctx.transfer_cpu > 0) {
           const Cluster& c = *ctx.cluster;
           if (!first || i != 0) {
-            copies += 2.0 * c.TransferCpuSeconds(st.out[k] / ctx.rho);
+            copies += 2.0 * c.TransferCpuSeconds(st.out_whole[k] / ctx.rho);
           }
           if (j != st.full) {
-            copies += 2.0 * c.TransferCpuSeconds(st.out[j] / ctx.rho);
+            copies += 2.0 * c.TransferCpuSeconds(st.out_whole[j] / ctx.rho);
           }
         }
         const double ar_divisor =
@@ -1372,8 +1382,8 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       const auto copy = [&](double bytes) {
         return cluster.TransferCpuSeconds(bytes / rho * per_micro) / per_micro;
       };
-      if (s > 0) stage.transfer_cpu_seconds += copy(st.out[f.k]);
-      if (s + 1 < p) stage.transfer_cpu_seconds += copy(st.out[f.j]);
+      if (s > 0) stage.transfer_cpu_seconds += copy(st.out_whole[f.k]);
+      if (s + 1 < p) stage.transfer_cpu_seconds += copy(st.out_whole[f.j]);
       stage.forward_seconds += stage.transfer_cpu_seconds * per_micro;
       stage.backward_seconds += stage.transfer_cpu_seconds * per_micro;
       stage.compute_seconds += 2.0 * stage.transfer_cpu_seconds / r;
@@ -1402,8 +1412,8 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
     if (stage.transfer_cpu_seconds > 0) {
       double crossing = 0;
-      if (s > 0) crossing += st.out[f.k];
-      if (s + 1 < p) crossing += st.out[f.j];
+      if (s > 0) crossing += st.out_whole[f.k];
+      if (s + 1 < p) crossing += st.out_whole[f.j];
       plan->notes.push_back(absl::StrFormat(
           "stage %d spends %.3g ms of CPU per mini-batch on its transfers "
           "(%.3g ns per byte, both ways, at its messages' size), counted as "

@@ -182,48 +182,6 @@ TEST(PartitionerPlannerTest, BFloat16TransfersHalveTheBytesTheLinkIsCharged) {
                                   ::testing::HasSubstr("bfloat16"))));
 }
 
-TEST(PartitionerPlannerTest, ZerosSkippedAreNotChargedToTheLink) {
-  PartitionerPlanner planner;
-  // The chain above at 10 MB/s, its layers' outputs 40% nonzero (ReLUs):
-  // a cut carries 40% of the values and 1/32 for the mask, ~0.043 s each
-  // way, hidden behind the 0.06 s each half computes.
-  apapo::v1::ModelProfile relus = ChainProfile();
-  for (auto& n : *relus.mutable_nodes()) n.set_nonzero_share(0.4);
-  apapo::v1::JobSpec spec = Spec();
-  spec.mutable_schedule()->set_max_staleness(7);
-  auto skipped = planner.MakePlan(spec, relus, TwoWorkers(1e7));
-  ASSERT_TRUE(skipped.ok()) << skipped.status();
-  spec.mutable_schedule()->set_skip_zeros(false);
-  auto whole = planner.MakePlan(spec, relus, TwoWorkers(1e7));
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  ASSERT_EQ(skipped->stages_size(), 2) << skipped->DebugString();
-  ASSERT_EQ(whole->stages_size(), 2) << whole->DebugString();
-  EXPECT_TRUE(skipped->skip_zeros());
-  EXPECT_FALSE(whole->skip_zeros());
-  const double s = skipped->prediction().samples_per_second();
-  const double w = whole->prediction().samples_per_second();
-  EXPECT_NEAR(w, 128 / (128 * 2048 * 4 / 1e7), 0.05 * w) << "link-bound";
-  EXPECT_NEAR(s, 128 / 0.06, 0.05 * s) << "compute-bound";
-  EXPECT_NEAR(skipped->stages(0).comm_seconds(),
-              (0.4 + 1.0 / 32) * whole->stages(0).comm_seconds(),
-              0.02 * whole->stages(0).comm_seconds());
-  EXPECT_THAT(skipped->notes(), ::testing::Contains(::testing::HasSubstr(
-                                    "charged 43%-43% of its bytes")));
-  EXPECT_THAT(whole->notes(), ::testing::Not(::testing::Contains(
-                                  ::testing::HasSubstr("without their zeros"))));
-
-  // A worker's impossible share fails planning naming the node.
-  for (double bad : {1.5, -0.1, std::nan("")}) {
-    apapo::v1::ModelProfile broken = relus;
-    broken.mutable_nodes(2)->set_nonzero_share(bad);
-    spec.mutable_schedule()->clear_skip_zeros();
-    auto refused = planner.MakePlan(spec, broken, TwoWorkers(1e7));
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(refused.status().message(),
-                ::testing::HasSubstr("node 'fc2': nonzero_share must be in [0, 1]"));
-  }
-}
-
 // A conv layer with 19 MB of output and a head: cutting between them costs
 // little wire time at 1 GB/s but a lot of copying.
 apapo::v1::ModelProfile WideCutProfile() {
@@ -870,6 +828,65 @@ TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
     ASSERT_FALSE(plan.ok()) << rows << " " << scale;
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(plan.status().message(), ::testing::HasSubstr("micro_batch_costs["));
+  }
+}
+
+TEST(PartitionerPlannerTest, ZerosSkippedAreNotChargedToTheLink) {
+  PartitionerPlanner planner;
+  // The chain above at 10 MB/s, its layers' outputs 40% nonzero (ReLUs):
+  // a cut carries 40% of the values and 1/32 for the mask, ~0.043 s each
+  // way, hidden behind the 0.06 s each half computes.
+  apapo::v1::ModelProfile relus = ChainProfile();
+  for (auto& n : *relus.mutable_nodes()) n.set_nonzero_share(0.4);
+  apapo::v1::JobSpec spec = Spec();
+  spec.mutable_schedule()->set_max_staleness(7);
+  auto skipped = planner.MakePlan(spec, relus, TwoWorkers(1e7));
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  spec.mutable_schedule()->set_skip_zeros(false);
+  auto whole = planner.MakePlan(spec, relus, TwoWorkers(1e7));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(skipped->stages_size(), 2) << skipped->DebugString();
+  ASSERT_EQ(whole->stages_size(), 2) << whole->DebugString();
+  EXPECT_TRUE(skipped->skip_zeros());
+  EXPECT_FALSE(whole->skip_zeros());
+  const double s = skipped->prediction().samples_per_second();
+  const double w = whole->prediction().samples_per_second();
+  EXPECT_NEAR(w, 128 / (128 * 2048 * 4 / 1e7), 0.05 * w) << "link-bound";
+  EXPECT_NEAR(s, 128 / 0.06, 0.05 * s) << "compute-bound";
+  EXPECT_NEAR(skipped->stages(0).comm_seconds(),
+              (0.4 + 1.0 / 32) * whole->stages(0).comm_seconds(),
+              0.02 * whole->stages(0).comm_seconds());
+  EXPECT_THAT(skipped->notes(), ::testing::Contains(::testing::HasSubstr(
+                                    "charged 43%-43% of its bytes")));
+  EXPECT_THAT(whole->notes(), ::testing::Not(::testing::Contains(
+                                  ::testing::HasSubstr("without their zeros"))));
+
+  // Packing and unpacking touch every value, zeros too: the transfers'
+  // copies cost the stages the same CPU either way.
+  apapo::v1::ClusterSpec copying = TwoWorkers(1e7);
+  AddLink(&copying, "alpha", "beta", 1e-9);
+  auto copy_note = [&](bool skip) {
+    spec.mutable_schedule()->set_skip_zeros(skip);
+    auto plan = planner.MakePlan(spec, relus, copying);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    for (const std::string& n : plan->notes()) {
+      if (absl::StrContains(n, "stage 0 spends")) return n;
+    }
+    return std::string("no note on stage 0's copies");
+  };
+  const std::string skipping_copies = copy_note(true);
+  EXPECT_THAT(skipping_copies, ::testing::HasSubstr("of CPU per mini-batch on its transfers"));
+  EXPECT_EQ(skipping_copies, copy_note(false));
+
+  // A worker's impossible share fails planning naming the node.
+  for (double bad : {1.5, -0.1, std::nan("")}) {
+    apapo::v1::ModelProfile broken = relus;
+    broken.mutable_nodes(2)->set_nonzero_share(bad);
+    spec.mutable_schedule()->clear_skip_zeros();
+    auto refused = planner.MakePlan(spec, broken, TwoWorkers(1e7));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(),
+                ::testing::HasSubstr("node 'fc2': nonzero_share must be in [0, 1]"));
   }
 }
 

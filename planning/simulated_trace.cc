@@ -136,28 +136,32 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     p.stages[s].output_burst_bytes = link.burst_bytes;
   }
   // The bytes that cross the wire (plan.transfer_precision, skip_zeros).
+  // Copies touch every value, zeros too: `whole` per stage.
   const double compression = TransferCompressionRatio(plan.transfer_precision());
+  std::vector<double> whole(p.stages.size(), 0.0);
   for (int v = 0; v < graph->num_nodes(); ++v) {
     if (stage_of[v] < 0) continue;
     for (int w : graph->successors(v)) {
       if (stage_of[w] > stage_of[v]) {
+        const pt::Node& node = graph->node(v);
         p.stages[stage_of[v]].output_bytes +=
-            graph->node(v).cut_bytes(compression) * per_micro / compression;
+            node.cut_bytes(compression) * per_micro / compression;
+        whole[stage_of[v]] += node.activation_bytes * per_micro / compression;
         break;
       }
     }
   }
   // What the planner charges too: the copies of a stage's transfers take
   // its CPU, activations in and out forward, their gradients backward.
-  // Each output_bytes is one micro-batch's message, whose CPU per byte
+  // Each is one micro-batch's message, whose CPU per byte
   // grows with its size (pt::Cluster::TransferCpuPerByte).
   const double cpu_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
   cluster.allreduce_factor = AllReduceFactors(spec, cpu_per_byte);
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
-    double cpu = cluster.TransferCpuSeconds(p.stages[s].output_bytes);
-    if (s > 0) cpu += cluster.TransferCpuSeconds(p.stages[s - 1].output_bytes);
+    double cpu = cluster.TransferCpuSeconds(whole[s]);
+    if (s > 0) cpu += cluster.TransferCpuSeconds(whole[s - 1]);
     p.stages[s].transfer_cpu_seconds = cpu;
     p.stages[s].forward_seconds += p.stages[s].transfer_cpu_seconds;
     p.stages[s].backward_seconds += p.stages[s].transfer_cpu_seconds;
