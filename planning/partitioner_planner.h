@@ -53,11 +53,22 @@ class PartitionerPlanner : public Planner {
       partitioner::PlannerOptions::Budget budget = kCoordinatorBudget)
       : budget_(budget) {}
 
+  // Where the spec lets a ReLU's zeros stay home (skip_zeros) and the
+  // profile measured a ReLU's nonzero share, the model is planned both
+  // ways: zeros are skipped only where that is predicted at least
+  // kMinSkipZerosGain the throughput of whole tensors (packing costs CPU
+  // the cost model does not see in full: the cnn's 2-stage plan at
+  // 1 Gbit/s, weighed above data parallelism for it, ran 23% below its
+  // prediction; bench/cluster 2026-12-05 11:00).
   absl::StatusOr<apapo::v1::Plan> MakePlan(
       const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
       const apapo::v1::ClusterSpec& cluster) override;
 
  private:
+  // MakePlan for the spec's skip_zeros as it is.
+  absl::StatusOr<apapo::v1::Plan> MakePlanAsAsked(
+      const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
+      const apapo::v1::ClusterSpec& cluster);
   // MakePlan on `cluster` as given (no core sharing weighed), or on its
   // fastest worker alone where the plan on more is predicted less than
   // kMinMoreWorkersGain faster.

@@ -858,6 +858,17 @@ TEST(PartitionerPlannerTest, ZerosSkippedAreNotChargedToTheLink) {
               0.02 * whole->stages(0).comm_seconds());
   EXPECT_THAT(skipped->notes(), ::testing::Contains(::testing::HasSubstr(
                                     "charged 43%-43% of its bytes")));
+  EXPECT_THAT(skipped->notes(), ::testing::Contains(::testing::HasSubstr(
+                                    "with a ReLU's zeros skipped, 1.7")));
+  // On a link that binds nothing skipping gains nothing: whole tensors,
+  // as the spec allows but does not ask.
+  spec.mutable_schedule()->clear_skip_zeros();
+  auto fast = planner.MakePlan(spec, relus, TwoWorkers(1e10));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_FALSE(fast->skip_zeros());
+  EXPECT_THAT(fast->notes(), ::testing::Contains(::testing::HasSubstr(
+                                 "ReLU outputs cross whole: skipping their zeros "
+                                 "was predicted at")));
   EXPECT_THAT(whole->notes(), ::testing::Not(::testing::Contains(
                                   ::testing::HasSubstr("without their zeros"))));
 

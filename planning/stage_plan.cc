@@ -120,6 +120,7 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
   for (const apapo::v1::LayerSplit& split : plan.splits()) {
     out.splits.emplace_back(split.node_id(), split.parts());
   }
+  out.skip_zeros = plan.skip_zeros();
   if (absl::Status s = schedule::ValidateScheduleOptions(out.schedule);
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));

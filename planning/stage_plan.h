@@ -48,6 +48,8 @@ struct StagePlan {
   std::vector<std::vector<std::string>> stage_nodes;
   // Linear layers split column-wise: (node id, parts) (plan.proto LayerSplit).
   std::vector<std::pair<std::string, int>> splits;
+  // ReLU outputs cross the cuts without their zeros (Plan.skip_zeros).
+  bool skip_zeros = false;
   int world_size = 0;  // stage replicas in all
 
   // Global rank of (stage, replica): stage-major.

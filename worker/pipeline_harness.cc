@@ -91,7 +91,6 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   *job.mutable_checkpoint() = checkpoint;
   job.mutable_schedule()->set_weight_prediction(weight_prediction);
   job.mutable_schedule()->set_transfer_precision(transfer);
-  job.mutable_schedule()->set_skip_zeros(skip_zeros);
   if (sched.max_in_flight > 0) {
     // The spec bounds staleness in updates; the stages keep s x k + 1 in
     // flight (k: micro-batches per replica and iteration), so a depth not of
@@ -114,6 +113,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
     ls->set_parts(parts);
   }
   plan.set_schedule(partitioner::ScheduleToProto(sched.kind));
+  plan.set_skip_zeros(skip_zeros);
   plan.set_micro_batches(sched.micro_batches_per_iteration);
   int world = 0;
   for (int s = 0; s < sched.num_stages; ++s) {

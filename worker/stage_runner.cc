@@ -344,7 +344,7 @@ absl::StatusOr<ExecutorConfig> ExecutorConfigFor(const apapo::v1::JobSpec& spec,
   c.optimizer = spec.optimizer();
   c.weight_prediction = planning::WeightPredictionRequested(spec);
   c.wire_precision = WirePrecisionFor(spec);
-  c.skip_zeros = planning::SkipZerosRequested(spec);
+  c.skip_zeros = plan.skip_zeros;
   // No epoch limit means "until max_steps".
   c.limits.epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
   c.limits.max_steps = spec.limits().max_steps();

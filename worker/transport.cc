@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -674,41 +675,58 @@ int64_t Numel(const BundleEntry& e, int64_t batch) {
   return n;
 }
 
+// The loops below are branch-free: a ReLU's zeros fall at random, and
+// branching on them mispredicts about every other value.
+
 // Writes the mask bits of `src`'s nonzeros at `bits` (n bits, zero
-// padded to whole bytes) and their values at `values`; fills `mask`.
-// Returns how many values it wrote.
+// padded to whole bytes) and their values at `values` (room for n: each
+// value is written, and kept by advancing past it); fills `mask`.
+// Returns how many values it kept.
 template <typename Bits>
 int64_t PackNonzeros(const Bits* src, int64_t n, uint8_t* bits, bool* mask,
                      Bits* values) {
-  std::memset(bits, 0, (n + 7) / 8);
   int64_t k = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const bool nonzero = (src[i] & WireBits<Bits>::kMagnitude) != 0;
-    mask[i] = nonzero;
-    if (nonzero) {
-      bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
-      values[k++] = src[i];
+  for (int64_t i0 = 0; i0 < n; i0 += 8) {
+    const int64_t end = std::min<int64_t>(n, i0 + 8);
+    uint8_t byte = 0;
+    for (int64_t i = i0; i < end; ++i) {
+      const Bits b = src[i];
+      const bool nonzero = (b & WireBits<Bits>::kMagnitude) != 0;
+      mask[i] = nonzero;
+      byte |= static_cast<uint8_t>(nonzero) << (i - i0);
+      values[k] = b;
+      k += nonzero;
     }
+    bits[i0 >> 3] = byte;
   }
   return k;
 }
 
-// Writes `src`'s values where `mask` is set; returns how many.
+// Writes `src`'s values where `mask` is set (room for n, as above);
+// returns how many it kept.
 template <typename Bits>
 int64_t PackMasked(const Bits* src, int64_t n, const bool* mask, Bits* values) {
   int64_t k = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (mask[i]) values[k++] = src[i];
+    values[k] = src[i];
+    k += mask[i];
   }
   return k;
 }
 
-// out[i] = the next value where mask[i], else 0 (out is zeroed).
+// out[i] = the next of the `count` values where mask[i], else 0.
 template <typename Bits>
-void Scatter(const Bits* values, int64_t n, const bool* mask, float* out) {
+void Scatter(const Bits* values, int64_t count, int64_t n, const bool* mask,
+             float* out) {
+  if (count == 0) {
+    std::fill(out, out + n, 0.0f);
+    return;
+  }
   int64_t k = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (mask[i]) out[i] = WireBits<Bits>::Widen(values[k++]);
+    const float v = WireBits<Bits>::Widen(values[std::min(k, count - 1)]);
+    out[i] = mask[i] ? v : 0.0f;
+    k += mask[i];
   }
 }
 
@@ -873,12 +891,12 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackSkippingZeros(
     const int64_t k = mask.sum().item<int64_t>();
     auto pos = take(k * WireSize(wire), e);
     if (!pos.ok()) return pos.status();
-    at::Tensor full = torch::zeros(shape, torch::kFloat);
+    at::Tensor full = torch::empty(shape, torch::kFloat);
     if (wire == WirePrecision::kBFloat16) {
-      Scatter(reinterpret_cast<const uint16_t*>(base + *pos), n,
+      Scatter(reinterpret_cast<const uint16_t*>(base + *pos), k, n,
               mask.data_ptr<bool>(), full.data_ptr<float>());
     } else {
-      Scatter(reinterpret_cast<const uint32_t*>(base + *pos), n,
+      Scatter(reinterpret_cast<const uint32_t*>(base + *pos), k, n,
               mask.data_ptr<bool>(), full.data_ptr<float>());
     }
     out.push_back(std::move(full));
