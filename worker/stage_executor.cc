@@ -200,6 +200,25 @@ struct StageExecutor::Impl {
     return bytes;
   }
 
+  // A bundle as it travels: without a ReLU's zeros where `entries` skip
+  // them (masks: see PackSkippingZeros), else whole.
+  at::Tensor Pack(const std::vector<at::Tensor>& tensors,
+                  const std::vector<BundleEntry>& entries, BundleKind kind,
+                  std::vector<at::Tensor>& masks) const {
+    return AnySkipsZeros(entries)
+               ? PackSkippingZeros(tensors, entries, config.wire_precision, kind, masks)
+               : PackBundle(tensors, config.wire_precision);
+  }
+  absl::StatusOr<std::vector<at::Tensor>> Unpack(const at::Tensor& bytes,
+                                                 const std::vector<BundleEntry>& entries,
+                                                 BundleKind kind,
+                                                 std::vector<at::Tensor>& masks) const {
+    return AnySkipsZeros(entries)
+               ? UnpackSkippingZeros(bytes, entries, micro_batch_size,
+                                     config.wire_precision, kind, masks)
+               : UnpackBundle(bytes, entries, micro_batch_size, config.wire_precision);
+  }
+
   absl::Status Send(const Op& op) {
     absl::Time t = absl::Now();
     const int64_t j = op.micro_batch;
@@ -211,22 +230,16 @@ struct StageExecutor::Impl {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, " before its forward"));
       }
-      bytes = AnySkipsZeros(out_entries)
-                  ? PackSkippingZeros(it->second.outputs, out_entries,
-                                      config.wire_precision, BundleKind::kActivations,
-                                      it->second.output_masks)
-                  : PackBundle(it->second.outputs, config.wire_precision);
+      bytes = Pack(it->second.outputs, out_entries, BundleKind::kActivations,
+                   it->second.output_masks);
     } else {
       auto it = input_grads.find(j);
       if (it == input_grads.end()) {
         return absl::InternalError(absl::StrCat(
             context.label, ": send of micro-batch ", j, "'s gradients before its backward"));
       }
-      bytes = AnySkipsZeros(in_grad_entries)
-                  ? PackSkippingZeros(it->second.grads, in_grad_entries,
-                                      config.wire_precision, BundleKind::kGradients,
-                                      it->second.masks)
-                  : PackBundle(it->second.grads, config.wire_precision);
+      bytes = Pack(it->second.grads, in_grad_entries, BundleKind::kGradients,
+                   it->second.masks);
       input_grads.erase(it);
     }
     const int dst = context.RankOf(
@@ -253,13 +266,7 @@ struct StageExecutor::Impl {
     } else {
       auto bytes = TakeReceived(activation_sources, j, t, "activations");
       if (!bytes.ok()) return bytes.status();
-      auto unpacked =
-          AnySkipsZeros(in_entries)
-              ? UnpackSkippingZeros(*bytes, in_entries, micro_batch_size,
-                                    config.wire_precision, BundleKind::kActivations,
-                                    input_masks)
-              : UnpackBundle(*bytes, in_entries, micro_batch_size,
-                             config.wire_precision);
+      auto unpacked = Unpack(*bytes, in_entries, BundleKind::kActivations, input_masks);
       if (!unpacked.ok()) return Fail("unpacking activations", unpacked.status());
       for (size_t i = 0; i < unpacked->size(); ++i) {
         at::Tensor leaf = (*unpacked)[i].detach();
@@ -321,13 +328,7 @@ struct StageExecutor::Impl {
       auto bytes = TakeReceived(gradient_sources, j, t, "gradients");
       if (!bytes.ok()) return bytes.status();
       std::vector<at::Tensor> masks = FloatMasks(out_entries, s.output_masks);
-      auto grads =
-          AnySkipsZeros(out_grad_entries)
-              ? UnpackSkippingZeros(*bytes, out_grad_entries, micro_batch_size,
-                                    config.wire_precision, BundleKind::kGradients,
-                                    masks)
-              : UnpackBundle(*bytes, out_grad_entries, micro_batch_size,
-                             config.wire_precision);
+      auto grads = Unpack(*bytes, out_grad_entries, BundleKind::kGradients, masks);
       if (!grads.ok()) return Fail("unpacking gradients", grads.status());
       size_t g = 0;
       for (size_t i = 0; i < layout().outputs.size(); ++i) {
