@@ -155,9 +155,13 @@ void Scheduler::RunOnce() {
   }
   for (const PlanRequest& request : replans) {
     absl::StatusOr<apapo::v1::Plan> plan =
-        planner_->MakePlan(request.spec, request.profile, request.cluster);
+        request.simulate_only
+            ? absl::StatusOr<apapo::v1::Plan>(request.running)
+            : planner_->MakePlan(request.spec, request.profile, request.cluster);
     Simulated simulated;
-    if (plan.ok()) {
+    if (request.simulate_only) {
+      simulated.running = SimulatedRate(request.profile, request.cluster, request.running);
+    } else if (plan.ok()) {
       simulated.running = SimulatedRate(request.profile, request.cluster, request.running);
       simulated.chosen = SimulatedRate(request.profile, request.cluster, *plan);
     }
@@ -749,19 +753,27 @@ void Scheduler::CheckRunWindow(ActiveJob& a, const std::string& worker_id,
       CheckRun(a.plan, a.spec.data().batch_size(), a.window_start, a.latest);
   a.window_start.clear();
   if (!check.has_value()) return;  // counters that account no time
-  if (std::abs(check->Error()) <= options_.check_tolerance) {
-    jobs_->RecordEvent(a.id, absl::StrFormat("plan checked against the run: %s; "
-                                             "within %.0f%%",
-                                             check->Describe(),
-                                             100 * options_.check_tolerance))
-        .IgnoreError();
-    return;
-  }
+  // Within the tolerance too, the running plan is simulated on the run's
+  // own compute (no plan is searched): what is left between that and the
+  // measurement is the cost model's error, the rest this machine's drift.
+  a.check_within = std::abs(check->Error()) <= options_.check_tolerance;
   a.calibrated = CalibratedProfiles(a.profiles, *check,
                                     a.workers.empty() ? std::string() : a.workers[0]);
   a.check = std::move(check);
   a.check_pending = true;
   dirty_ = true;
+}
+
+std::string Scheduler::WithinEvent(const RunCheck& check, double simulated) const {
+  std::string event = absl::StrFormat("plan checked against the run: %s; within %.0f%%",
+                                      check.Describe(), 100 * options_.check_tolerance);
+  if (simulated > 0) {
+    absl::StrAppendFormat(&event,
+                          "; on these figures the running plan simulates at %.1f "
+                          "samples/s",
+                          simulated);
+  }
+  return event;
 }
 
 std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
@@ -770,6 +782,9 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
     if (!a.check_pending) continue;
     a.check_pending = false;
     if (a.phase != Phase::kRunning || !a.growing.empty() || a.workers.empty()) {
+      if (a.check_within && a.check.has_value()) {
+        jobs_->RecordEvent(id, WithinEvent(*a.check, 0)).IgnoreError();
+      }
       a.check.reset();
       a.calibrated.clear();
       continue;
@@ -778,6 +793,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
     calibrated.profiles = a.calibrated;
     PlanRequest request = MakePlanRequest(calibrated, /*record=*/false);
     request.running = a.plan;
+    request.simulate_only = a.check_within;
     requests.push_back(std::move(request));
   }
   return requests;
@@ -788,6 +804,17 @@ void Scheduler::CommitReplan(const PlanRequest& request,
   auto it = active_.find(request.job_id);
   if (it == active_.end()) return;
   ActiveJob& a = it->second;
+  if (request.simulate_only) {
+    // The check is recorded whatever happened meanwhile; the simulation
+    // only while the job runs on the workers it was made for.
+    if (!a.check.has_value()) return;
+    const bool same = a.phase == Phase::kRunning && a.workers == request.workers;
+    jobs_->RecordEvent(a.id, WithinEvent(*a.check, same ? simulated.running : 0))
+        .IgnoreError();
+    a.check.reset();
+    a.calibrated.clear();
+    return;
+  }
   if (a.phase != Phase::kRunning || a.workers != request.workers ||
       !a.check.has_value() || a.replan_at_step > 0 || !a.growing.empty()) {
     return;

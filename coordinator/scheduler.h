@@ -282,13 +282,16 @@ class Scheduler : public WorkerMessageListener {
     // Checking the plan against the run, once per attempt: each worker's
     // report where the window opened; `checked` once it closed. A check
     // past the tolerance keeps its figures and calibrated profiles while
-    // it is re-planned (`check_pending`: not taken yet); a re-plan taken
+    // it is re-planned (`check_pending`: not taken yet); one within it keeps
+    // them until the running plan is simulated on them (`check_within`,
+    // no re-plan: the event then names the cost model's own error); a re-plan taken
     // waits for the checkpoint of replan_at_step. `replanned`: the job
     // restarted on a check (once per job). calibration_note goes into the
     // next plan's notes.
     std::map<std::string, apapo::v1::MetricsReport> window_start;
     bool checked = false;
     bool check_pending = false;
+    bool check_within = false;
     std::optional<RunCheck> check;
     std::map<std::string, apapo::v1::ProfileResult> calibrated;
     int64_t replan_at_step = 0;
@@ -313,6 +316,9 @@ class Scheduler : public WorkerMessageListener {
     std::vector<std::string> candidates;
     // A re-plan on a check: the plan the job runs.
     apapo::v1::Plan running;
+    // A check within the tolerance: `running` is only simulated on the
+    // calibrated figures (no plan is searched).
+    bool simulate_only = false;
   };
   // What the simulator gives the running plan and the re-plan on a check's
   // calibrated figures (0: it could not simulate them).
@@ -342,8 +348,11 @@ class Scheduler : public WorkerMessageListener {
                       const apapo::v1::MetricsReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans for the jobs whose check asks for a re-plan, on their calibrated
-  // profiles.
+  // profiles (or, within the tolerance, only simulates their running plan).
   std::vector<PlanRequest> TakeReplanRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The event of a check within the tolerance, with the running plan's
+  // rate simulated on the run's figures where there is one (> 0).
+  std::string WithinEvent(const RunCheck& check, double simulated) const;
   // Records the check with the re-plan's answer; takes the re-plan (a
   // restart after the next checkpoint) when it predicts enough.
   void CommitReplan(const PlanRequest& request, absl::StatusOr<apapo::v1::Plan> plan,

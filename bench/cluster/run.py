@@ -43,7 +43,10 @@ Rows (per model and link; `single` once per round, it uses no link):
 Rounds are interleaved (links, and rows within a link, reversed every
 other round) because this machine's speed drifts; the table gives medians
 and per-round ratios. Every ours row reports the plan's predicted samples/s
-and the error (predicted / measured - 1).
+and the error (predicted / measured - 1), and beside it `sim err`: the
+running plan simulated on the compute the run itself measured (the
+coordinator's plan check) against the rate of the same window, the cost
+model's own error with this machine's drift taken out.
 
 The script runs as root: it brings the lab up (prefix "apb"), re-runs itself
 inside host 1, and takes the lab down at the end, also on failure or
@@ -51,7 +54,7 @@ SIGTERM (every process in the hosts is killed with them). Where namespaces
 are not allowed it prints why and exits 3. Results: results/<time>.json.
 After the table it prints the goals, round by round: `auto` against the
 best other row of its round (peers and ours forced), how many predictions
-were within 10%, and the mlp's `auto` at 1 Gbit/s and below against its
+were within 10% (raw, and on the run's own compute), and the mlp's `auto` at 1 Gbit/s and below against its
 unshaped `auto` (goal 0.9) and DDP (goal 3x). `--summarize=FILE` prints
 the table and the goals of a saved results file (no lab, no root).
 """
@@ -59,6 +62,7 @@ the table and the goals of a saved results file (no lab, no root).
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -212,12 +216,13 @@ def summarize(results, models, links, rows):
                     # A ROW_bf16 / ROW_sN row against ROW's unshaped rate.
                     "x_unshaped_base": ratio("unshaped", base) if base != row else [],
                     "prediction_error": errs,
+                    "model_error": [e for e in (model_error(x) for _, x in ok) if e is not None],
                     "plans": [x.get("plan") for _, x in ok],
                     "link_mb_per_s": [measured_link(x) for _, x in ok],
                     "failures": [x.get("error") for _, x in runs if x and "error" in x],
                 }
                 for k in ("x_single", "x_ddp", "x_unshaped", "x_unshaped_base",
-                          "prediction_error"):
+                          "prediction_error", "model_error"):
                     cell["median_" + k] = statistics.median(cell[k]) if cell[k] else None
                 t[row] = cell
     return table
@@ -231,6 +236,23 @@ GOAL_X_DDP = 3.0
 GOAL_PREDICTION_ERROR = 0.10
 
 
+CHECK_RE = re.compile(r"plan checked against the run: measured ([0-9.]+) samples/s .*"
+                      r"on these figures the running plan simulates at ([0-9.]+) samples/s")
+
+
+def model_error(x):
+    """The cost model's own error on a row: the running plan simulated on
+    the compute the run measured (the coordinator's plan check, every job
+    after its first steps) against the rate measured over the same window.
+    What the raw prediction error has beyond it is this machine's compute
+    drifting from what the job's profile measured. None without a check."""
+    for check in x.get("plan_checks") or []:
+        m = CHECK_RE.search(check)
+        if m and float(m.group(1)) > 0:
+            return float(m.group(2)) / float(m.group(1)) - 1
+    return None
+
+
 def goals(results, links, rows):
     """The goals above, measured per round (no medians: a round's rows ran
     minutes apart, rounds did not). `auto` against the best other row of
@@ -239,7 +261,7 @@ def goals(results, links, rows):
     that runs slower than one it rejected is a cost-model bug; variants of
     auto (auto_bf16, auto_m1) are other jobs, not alternatives."""
     out = {"auto_vs_best_other": [], "predictions": {"rows": 0, "within": 0, "misses": []},
-           "mlp_slow_links": []}
+           "model": {"rows": 0, "within": 0, "misses": []}, "mlp_slow_links": []}
     for model, rounds in results["rounds"].items():
         for i, r in enumerate(rounds):
             for link in links:
@@ -254,6 +276,15 @@ def goals(results, links, rows):
                             out["predictions"]["within"] += 1
                         else:
                             out["predictions"]["misses"].append(
+                                {"model": model, "link": link, "row": row, "round": i + 1,
+                                 "error": err})
+                    err = model_error(x)
+                    if err is not None:
+                        out["model"]["rows"] += 1
+                        if abs(err) <= GOAL_PREDICTION_ERROR:
+                            out["model"]["within"] += 1
+                        else:
+                            out["model"]["misses"].append(
                                 {"model": model, "link": link, "row": row, "round": i + 1,
                                  "error": err})
                 auto = cells.get("auto", {}).get("samples_per_s")
@@ -297,6 +328,14 @@ def goals_text(g):
             + ("; misses: " + ", ".join(
                 f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
                 for m in p["misses"]) if p["misses"] else ""))
+    p = g.get("model", {})
+    if p.get("rows"):
+        lines.append(
+            f"  on the run's own compute (the plan check's simulation), within "
+            f"{GOAL_PREDICTION_ERROR:.0%}: {p['within']} of {p['rows']} rows"
+            + ("; misses: " + ", ".join(
+                f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
+                for m in p["misses"]) if p["misses"] else ""))
     for m in g["mlp_slow_links"]:
         def f(v, goal):
             return "-" if v is None else f"{v:.2f}" + (" (goal met)" if v >= goal else
@@ -336,7 +375,8 @@ def print_table(table, links, rows):
         lines.append(f"\n{model}: single process, 1 core: "
                      + ", ".join(f"{v:.0f}" for v in s["samples_per_s"]) + " samples/s")
         lines.append(f"  {'link':9}{'row':10}{'samples/s':>10}{'x single':>9}{'x DDP':>7}"
-                     f"{'x unshaped':>11}{'pred err':>9}{'link MB/s':>10}  plan (first round)")
+                     f"{'x unshaped':>11}{'pred err':>9}{'sim err':>8}{'link MB/s':>10}"
+                     "  plan (first round)")
         for link in links:
             for row in rows:
                 c = t.get(link, {}).get(row)
@@ -355,7 +395,7 @@ def print_table(table, links, rows):
                     f"  {link:9}{row:10}{sps:>10}"
                     f"{f(c['median_x_single']):>9}{f(c['median_x_ddp']):>7}"
                     f"{f(c['median_x_unshaped']):>11}{f(c['median_prediction_error'], True):>9}"
-                    f"{mbs:>10}  {plan}")
+                    f"{f(c.get('median_model_error'), True):>8}{mbs:>10}  {plan}")
     text = "\n".join(lines)
     print(text, flush=True)
     return text
