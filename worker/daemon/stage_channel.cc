@@ -2,9 +2,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace apapo::worker {
@@ -89,6 +94,61 @@ absl::Status DecodeStatus(absl::string_view bytes) {
         absl::StrCat("unknown status code ", code, " from the stage process"));
   }
   return absl::Status(static_cast<absl::StatusCode>(code), bytes.substr(4));
+}
+
+absl::Status EscapedExceptionStatus(absl::string_view what) {
+  // One line, bounded: what() is a library's text, not ours.
+  std::string text(what.substr(0, 400));
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  // gloo/transport/tcp/pair.cc enforces that a message fits the receive
+  // posted for it ("op.preamble.length <= op.nbytes. 400 vs 40").
+  if (absl::StrContains(text, "op.preamble.length <= op.nbytes")) {
+    return absl::DataLossError(absl::StrCat(
+        "a peer sent a message longer than the buffer this process posted for it; "
+        "Gloo refused it in its I/O thread (",
+        text, ")"));
+  }
+  return absl::InternalError(
+      absl::StrCat("an exception escaped a thread of this process (", text, ")"));
+}
+
+namespace {
+
+std::atomic<FrameWriter*> terminate_writer{nullptr};
+std::atomic<const char*> terminate_process{"child process"};
+
+[[noreturn]] void ReportTerminate() {
+  absl::Status status = absl::InternalError(
+      "std::terminate was called without an exception (a joinable thread "
+      "destroyed, or a noexcept function threw)");
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      status = EscapedExceptionStatus(x.what());
+    } catch (...) {
+      status = absl::InternalError(
+          "an exception of a type that is not std::exception escaped a thread of "
+          "this process");
+    }
+  }
+  std::fprintf(stderr, "apapo-worker %s: %s\n", terminate_process.load(),
+               status.ToString().c_str());
+  std::fflush(stderr);
+  if (FrameWriter* w = terminate_writer.load()) {
+    (void)w->Write(FrameType::kStatus, EncodeStatus(status));
+  }
+  _exit(1);
+}
+
+}  // namespace
+
+void ReportUncaughtExceptions(FrameWriter* writer, const char* process) {
+  terminate_writer.store(writer);
+  terminate_process.store(process);
+  std::set_terminate(ReportTerminate);
 }
 
 }  // namespace apapo::worker

@@ -60,6 +60,19 @@ class FrameReader {
 std::string EncodeStatus(const absl::Status& status);
 absl::Status DecodeStatus(absl::string_view bytes);
 
+// What an exception that escaped a thread of a child process means, from
+// its what(): DATA_LOSS for Gloo refusing a peer's message longer than the
+// buffer posted for it (it throws that in its I/O thread, where nothing can
+// catch it), else INTERNAL; the message quotes what().
+absl::Status EscapedExceptionStatus(absl::string_view what);
+
+// From here on, an exception no thread catches (std::terminate) ends this
+// child process with exit code 1 after writing its EscapedExceptionStatus
+// as the status frame to `writer` and one line naming `process` to stderr,
+// instead of an abort the daemon could only report as SIGABRT. `writer`
+// must outlive the process; the last call wins.
+void ReportUncaughtExceptions(FrameWriter* writer, const char* process);
+
 }  // namespace apapo::worker
 
 #endif  // APAPO_WORKER_DAEMON_STAGE_CHANNEL_H_

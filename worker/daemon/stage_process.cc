@@ -96,7 +96,8 @@ int StageThreads(const apapo::v1::JobSpec& spec) {
 }
 
 int RunAssignmentChildMain(const std::string& path) {
-  FrameWriter writer(TakeFrameOutput());
+  static FrameWriter writer(TakeFrameOutput());  // the terminate handler's too
+  ReportUncaughtExceptions(&writer, "stage process");
   AssignStage a;
   if (!ReadMessage(path, &a)) {
     return Finish(writer, "stage process",
@@ -120,7 +121,8 @@ int RunAssignmentChildMain(const std::string& path) {
 }
 
 int RunProfileChildMain(const std::string& path) {
-  FrameWriter writer(TakeFrameOutput());
+  static FrameWriter writer(TakeFrameOutput());  // the terminate handler's too
+  ReportUncaughtExceptions(&writer, "profiling process");
   apapo::v1::ProfileCommand command;
   if (!ReadMessage(path, &command)) {
     return Finish(writer, "profiling process",
