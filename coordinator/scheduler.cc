@@ -764,6 +764,24 @@ void Scheduler::CheckRunWindow(ActiveJob& a, const std::string& worker_id,
   dirty_ = true;
 }
 
+void Scheduler::ReportUnansweredCheck(ActiveJob& a, bool ended) {
+  // Taken or not, a check keeps its figures until it is recorded (one past
+  // the tolerance is recorded once a re-plan answers it: replan_at_step).
+  if (!a.check.has_value() || a.replan_at_step > 0) return;
+  if (a.check_within) {
+    jobs_->RecordEvent(a.id, WithinEvent(*a.check, 0)).IgnoreError();
+  } else if (ended) {
+    jobs_->RecordEvent(a.id, absl::StrCat("plan checked against the run: ",
+                                          a.check->Describe(),
+                                          "; the job ended before it was planned again "
+                                          "on these figures"))
+        .IgnoreError();
+  } else {
+    return;  // dropped with the attempt, as before
+  }
+  a.check.reset();
+}
+
 std::string Scheduler::WithinEvent(const RunCheck& check, double simulated) const {
   std::string event = absl::StrFormat("plan checked against the run: %s; within %.0f%%",
                                       check.Describe(), 100 * options_.check_tolerance);
@@ -782,9 +800,7 @@ std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
     if (!a.check_pending) continue;
     a.check_pending = false;
     if (a.phase != Phase::kRunning || !a.growing.empty() || a.workers.empty()) {
-      if (a.check_within && a.check.has_value()) {
-        jobs_->RecordEvent(id, WithinEvent(*a.check, 0)).IgnoreError();
-      }
+      ReportUnansweredCheck(a, /*ended=*/false);
       a.check.reset();
       a.calibrated.clear();
       continue;
@@ -1540,6 +1556,7 @@ void Scheduler::OnCancelled(const apapo::v1::Job& job) {
   wait_notes_.erase(job.id());
   auto it = active_.find(job.id());
   if (it == active_.end()) return;
+  ReportUnansweredCheck(it->second, /*ended=*/true);
   for (const std::string& w : it->second.workers) {
     apapo::v1::CoordinatorMessage m;
     m.mutable_stop()->set_job_id(job.id());
@@ -1670,6 +1687,7 @@ void Scheduler::Finish(const std::string& job_id_ref, JobState state,
   const std::string job_id = job_id_ref;
   auto it = active_.find(job_id);
   if (it == active_.end()) return;
+  ReportUnansweredCheck(it->second, /*ended=*/true);
   if (stop_workers) {
     for (const std::string& w : it->second.workers) {
       apapo::v1::CoordinatorMessage m;

@@ -353,6 +353,12 @@ class Scheduler : public WorkerMessageListener {
   // The event of a check within the tolerance, with the running plan's
   // rate simulated on the run's figures where there is one (> 0).
   std::string WithinEvent(const RunCheck& check, double simulated) const;
+  // A check the planning thread has not answered yet, recorded without the
+  // answer so that every check is reported once: one within the tolerance
+  // whenever it is dropped (the job ends, or no longer runs as checked),
+  // one past it when the job `ended` first (short jobs end while the
+  // planner searches).
+  void ReportUnansweredCheck(ActiveJob& job, bool ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the check with the re-plan's answer; takes the re-plan (a
   // restart after the next checkpoint) when it predicts enough.
   void CommitReplan(const PlanRequest& request, absl::StatusOr<apapo::v1::Plan> plan,
