@@ -1468,27 +1468,36 @@ TEST_F(SchedulerTest, ARunAsPredictedIsCheckedAndNotReplanned) {
             "on these figures the running plan simulates at 50.0 samples/s");
 }
 
+// Both workers report their stage done right after the check's window,
+// before the planning thread runs: the job's "plan checked" events.
+std::vector<std::string> ChecksOfAJobThatEndsFirst(Scheduler& scheduler, JobManager& jobs,
+                                                   const std::string& id,
+                                                   const StageSeconds& last) {
+  SendWindow(scheduler, id, {{{10, 10}, {20, 1}}}, last);
+  for (const char* w : {"w-1", "w-2"}) {
+    WorkerMessage done;
+    done.mutable_outcome()->set_job_id(id);
+    scheduler.OnWorkerMessage(w, done);
+  }
+  scheduler.RunOnce();
+  EXPECT_EQ(jobs.Get(id)->state(), apapo::v1::JOB_STATE_SUCCEEDED);
+  std::vector<std::string> checks;
+  auto change = jobs.WaitForChange(id, -1, 0, absl::InfinitePast());
+  if (!change.ok()) return {change.status().ToString()};
+  for (const auto& e : change->events) {
+    if (absl::StartsWith(e.message(), "plan checked")) checks.push_back(e.message());
+  }
+  return checks;
+}
+
 // A job that ends before the planning thread simulates its check still
 // reports the check, once, without the simulation.
 TEST_F(SchedulerTest, ACheckWithinTheToleranceIsReportedWhenTheJobEndsFirst) {
   two_nodes_ = true;
   planner_.custom = PipelineOrAlone;
   std::string id = StartRunningJob();
-  SendWindow(scheduler_, id, {{{10, 10}, {20, 1}}}, {{{31, 31}, {60, 3}}});
-  for (const char* w : {"w-1", "w-2"}) {
-    WorkerMessage done;
-    done.mutable_outcome()->set_job_id(id);
-    scheduler_.OnWorkerMessage(w, done);
-  }
-  scheduler_.RunOnce();
-  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_SUCCEEDED);
-  auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
-  ASSERT_TRUE(change.ok()) << change.status();
-  std::vector<std::string> checks;
-  for (const auto& e : change->events) {
-    if (absl::StartsWith(e.message(), "plan checked")) checks.push_back(e.message());
-  }
-  EXPECT_THAT(checks, ::testing::ElementsAre(
+  EXPECT_THAT(ChecksOfAJobThatEndsFirst(scheduler_, jobs_, id, {{{31, 31}, {60, 3}}}),
+              ::testing::ElementsAre(
                           "plan checked against the run: measured 47.6 samples/s over 20 "
                           "steps, predicted 50.0 (+5%); compute x1.05 on w-1, x1.00 on w-2; "
                           "within 10%"));
@@ -1500,21 +1509,8 @@ TEST_F(SchedulerTest, ACheckPastTheToleranceIsReportedWhenTheJobEndsFirst) {
   two_nodes_ = true;
   planner_.custom = PipelineOrAlone;
   std::string id = StartRunningJob();
-  SendWindow(scheduler_, id, {{{10, 10}, {20, 1}}}, {{{36, 36}, {72, 1}}});
-  for (const char* w : {"w-1", "w-2"}) {
-    WorkerMessage done;
-    done.mutable_outcome()->set_job_id(id);
-    scheduler_.OnWorkerMessage(w, done);
-  }
-  scheduler_.RunOnce();
-  EXPECT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_SUCCEEDED);
-  auto change = jobs_.WaitForChange(id, -1, 0, absl::InfinitePast());
-  ASSERT_TRUE(change.ok()) << change.status();
-  std::vector<std::string> checks;
-  for (const auto& e : change->events) {
-    if (absl::StartsWith(e.message(), "plan checked")) checks.push_back(e.message());
-  }
-  EXPECT_THAT(checks, ::testing::ElementsAre(
+  EXPECT_THAT(ChecksOfAJobThatEndsFirst(scheduler_, jobs_, id, {{{36, 36}, {72, 1}}}),
+              ::testing::ElementsAre(
                           "plan checked against the run: measured 38.5 samples/s over 20 "
                           "steps, predicted 50.0 (+30%); compute x1.30 on w-1, x1.30 on w-2; "
                           "the job ended before it was planned again on these figures"));
