@@ -54,6 +54,11 @@ double SimulatedRate(const apapo::v1::ModelProfile& profile,
   return rate.ok() && std::isfinite(*rate) ? *rate : 0;
 }
 
+// Every check's event begins so (bench/cluster/run.py parses it).
+std::string CheckHead(const RunCheck& check) {
+  return absl::StrCat("plan checked against the run: ", check.Describe());
+}
+
 int MinWorkers(const apapo::v1::JobSpec& spec) {
   const auto& f = spec.fault_tolerance();
   return f.has_min_workers() ? std::max(1, f.min_workers()) : 1;
@@ -154,14 +159,16 @@ void Scheduler::RunOnce() {
     CommitGrowth(request, std::move(plan));
   }
   for (const PlanRequest& request : replans) {
-    absl::StatusOr<apapo::v1::Plan> plan =
-        request.simulate_only
-            ? absl::StatusOr<apapo::v1::Plan>(request.running)
-            : planner_->MakePlan(request.spec, request.profile, request.cluster);
-    Simulated simulated;
     if (request.simulate_only) {
-      simulated.running = SimulatedRate(request.profile, request.cluster, request.running);
-    } else if (plan.ok()) {
+      const double rate = SimulatedRate(request.profile, request.cluster, request.running);
+      absl::MutexLock lock(&mu_);
+      CommitWithinCheck(request, rate);
+      continue;
+    }
+    absl::StatusOr<apapo::v1::Plan> plan =
+        planner_->MakePlan(request.spec, request.profile, request.cluster);
+    Simulated simulated;
+    if (plan.ok()) {
       simulated.running = SimulatedRate(request.profile, request.cluster, request.running);
       simulated.chosen = SimulatedRate(request.profile, request.cluster, *plan);
     }
@@ -771,8 +778,7 @@ void Scheduler::ReportUnansweredCheck(ActiveJob& a, bool ended) {
   if (a.check_within) {
     jobs_->RecordEvent(a.id, WithinEvent(*a.check, 0)).IgnoreError();
   } else if (ended) {
-    jobs_->RecordEvent(a.id, absl::StrCat("plan checked against the run: ",
-                                          a.check->Describe(),
+    jobs_->RecordEvent(a.id, absl::StrCat(CheckHead(*a.check),
                                           "; the job ended before it was planned again "
                                           "on these figures"))
         .IgnoreError();
@@ -783,8 +789,8 @@ void Scheduler::ReportUnansweredCheck(ActiveJob& a, bool ended) {
 }
 
 std::string Scheduler::WithinEvent(const RunCheck& check, double simulated) const {
-  std::string event = absl::StrFormat("plan checked against the run: %s; within %.0f%%",
-                                      check.Describe(), 100 * options_.check_tolerance);
+  std::string event = absl::StrFormat("%s; within %.0f%%", CheckHead(check),
+                                      100 * options_.check_tolerance);
   if (simulated > 0) {
     absl::StrAppendFormat(&event,
                           "; on these figures the running plan simulates at %.1f "
@@ -792,6 +798,18 @@ std::string Scheduler::WithinEvent(const RunCheck& check, double simulated) cons
                           simulated);
   }
   return event;
+}
+
+void Scheduler::CommitWithinCheck(const PlanRequest& request, double simulated) {
+  auto it = active_.find(request.job_id);
+  if (it == active_.end() || !it->second.check.has_value()) return;
+  ActiveJob& a = it->second;
+  // The check is recorded whatever happened meanwhile; the simulation only
+  // while the job runs on the workers it was made for.
+  const bool same = a.phase == Phase::kRunning && a.workers == request.workers;
+  jobs_->RecordEvent(a.id, WithinEvent(*a.check, same ? simulated : 0)).IgnoreError();
+  a.check.reset();
+  a.calibrated.clear();
 }
 
 std::vector<Scheduler::PlanRequest> Scheduler::TakeReplanRequests() {
@@ -820,24 +838,12 @@ void Scheduler::CommitReplan(const PlanRequest& request,
   auto it = active_.find(request.job_id);
   if (it == active_.end()) return;
   ActiveJob& a = it->second;
-  if (request.simulate_only) {
-    // The check is recorded whatever happened meanwhile; the simulation
-    // only while the job runs on the workers it was made for.
-    if (!a.check.has_value()) return;
-    const bool same = a.phase == Phase::kRunning && a.workers == request.workers;
-    jobs_->RecordEvent(a.id, WithinEvent(*a.check, same ? simulated.running : 0))
-        .IgnoreError();
-    a.check.reset();
-    a.calibrated.clear();
-    return;
-  }
   if (a.phase != Phase::kRunning || a.workers != request.workers ||
       !a.check.has_value() || a.replan_at_step > 0 || !a.growing.empty()) {
     return;
   }
   const RunCheck& check = *a.check;
-  const std::string head =
-      absl::StrCat("plan checked against the run: ", check.Describe());
+  const std::string head = CheckHead(check);
   auto done = [&](const std::string& what) {
     jobs_->RecordEvent(a.id, absl::StrCat(head, "; ", what)).IgnoreError();
     a.check.reset();

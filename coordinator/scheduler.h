@@ -350,6 +350,10 @@ class Scheduler : public WorkerMessageListener {
   // Plans for the jobs whose check asks for a re-plan, on their calibrated
   // profiles (or, within the tolerance, only simulates their running plan).
   std::vector<PlanRequest> TakeReplanRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a check within the tolerance with the running plan's rate
+  // simulated on the run's figures (the planning thread's answer).
+  void CommitWithinCheck(const PlanRequest& request, double simulated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The event of a check within the tolerance, with the running plan's
   // rate simulated on the run's figures where there is one (> 0).
   std::string WithinEvent(const RunCheck& check, double simulated) const;

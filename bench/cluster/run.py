@@ -54,8 +54,8 @@ SIGTERM (every process in the hosts is killed with them). Where namespaces
 are not allowed it prints why and exits 3. Results: results/<time>.json.
 After the table it prints the goals, round by round: `auto` against the
 best other row of its round (peers and ours forced), how many predictions
-were within 10% (raw, and on the run's own compute), and the mlp's `auto` at 1 Gbit/s and below against its
-unshaped `auto` (goal 0.9) and DDP (goal 3x). `--summarize=FILE` prints
+were within 10% (raw, and on the run's own compute), and the mlp's `auto`
+at 1 Gbit/s and below against its unshaped `auto` (goal 0.9) and DDP (goal 3x). `--summarize=FILE` prints
 the table and the goals of a saved results file (no lab, no root).
 """
 
@@ -315,21 +315,16 @@ def goals_text(g):
             + ("; below: " + ", ".join(
                 f"{v['model']} {v['link']} round {v['round']} {v['ratio']:.2f}x {v['best']}"
                 for v in below) if below else ""))
-    p = g["predictions"]
-    if p["rows"]:
-        lines.append(
-            f"  predictions within {GOAL_PREDICTION_ERROR:.0%}: {p['within']} of {p['rows']} rows"
-            + ("; misses: " + ", ".join(
-                f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
-                for m in p["misses"]) if p["misses"] else ""))
-    p = g.get("model", {})
-    if p.get("rows"):
-        lines.append(
-            f"  on the run's own compute (the plan check's simulation), within "
-            f"{GOAL_PREDICTION_ERROR:.0%}: {p['within']} of {p['rows']} rows"
-            + ("; misses: " + ", ".join(
-                f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
-                for m in p["misses"]) if p["misses"] else ""))
+    for key, label in (("predictions", "predictions within"),
+                       ("model", "on the run's own compute (the plan check's simulation), "
+                                 "within")):
+        p = g.get(key, {})
+        if p.get("rows"):
+            lines.append(
+                f"  {label} {GOAL_PREDICTION_ERROR:.0%}: {p['within']} of {p['rows']} rows"
+                + ("; misses: " + ", ".join(
+                    f"{m['model']} {m['link']} {m['row']} round {m['round']} {m['error']:+.0%}"
+                    for m in p["misses"]) if p["misses"] else ""))
     for m in g["mlp_slow_links"]:
         def f(v, goal):
             return "-" if v is None else f"{v:.2f}" + (" (goal met)" if v >= goal else
