@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -61,17 +62,22 @@ GlooTransportOptions Options(int port, int rank) {
   auto server = StartStoreServer();
   if (!server.ok()) _exit(10);
   const int port = (*server)->port();
-  std::thread peer([port] {
+  // The peer keeps its transport open until rank 0's Recv returns, which
+  // it must not: Gloo's thread ends the process first.
+  std::promise<void> received;
+  std::shared_future<void> done = received.get_future().share();
+  std::thread peer([port, done] {
     auto t = CreateGlooTransport(Options(port, 1));
     if (!t.ok()) _exit(11);
     if (!(*t)->Send(0, 0, torch::zeros({400}, torch::kUInt8)).ok()) _exit(12);
     (void)(*t)->Flush();
-    std::this_thread::sleep_for(std::chrono::seconds(60));  // held open
+    done.wait();
   });
   auto t = CreateGlooTransport(Options(port, 0));
   if (!t.ok()) _exit(13);
   if (!(*t)->ExpectRecv(1, 0, 40).ok()) _exit(14);
-  (void)(*t)->Recv(1, 0);  // never returns: Gloo's thread ends the process
+  (void)(*t)->Recv(1, 0);
+  received.set_value();
   _exit(15);
 }
 
