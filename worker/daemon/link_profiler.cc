@@ -233,9 +233,9 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
   // the figure infinite.
   f.bandwidth = o.message_bytes / std::max(Median(large_rtt) / 2, 1e-9);
   if (!probe_rtt.empty()) {
-    f.burst = FitBurst(static_cast<double>(o.burst_probe_bytes), Median(probe_rtt) / 2,
-                       static_cast<double>(o.message_bytes), Median(large_rtt) / 2,
-                       f.latency);
+    f.burst = FitBurstFromRoundTrips(static_cast<double>(o.burst_probe_bytes), probe_rtt,
+                                     static_cast<double>(o.message_bytes), large_rtt,
+                                     small_rtt);
   }
   at::Tensor figures =
       torch::tensor(std::vector<double>{f.bandwidth, f.latency, f.burst}, torch::kDouble)
@@ -445,6 +445,17 @@ double FitBurst(double probe_bytes, double probe_half, double large_bytes,
   const double rate = (large_bytes - probe_bytes) / (large_half - probe_half);
   const double burst = probe_bytes - rate * std::max(0.0, probe_half - latency);
   return std::clamp(burst, 0.0, probe_bytes / 2);
+}
+
+double FitBurstFromRoundTrips(double probe_bytes, const std::vector<double>& probe_rtts,
+                              double large_bytes, const std::vector<double>& large_rtts,
+                              const std::vector<double>& small_rtts) {
+  if (probe_rtts.empty() || large_rtts.empty() || small_rtts.empty()) return 0;
+  const auto fastest = [](const std::vector<double>& v) {
+    return *std::min_element(v.begin(), v.end()) / 2;
+  };
+  return FitBurst(probe_bytes, fastest(probe_rtts), large_bytes, fastest(large_rtts),
+                  fastest(small_rtts));
 }
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureLinks(

@@ -96,6 +96,15 @@ struct LinkProfileOptions {
 double FitBurst(double probe_bytes, double probe_half, double large_bytes,
                 double large_half, double latency);
 
+// FitBurst on the fastest of each size's timed round trips (seconds, both
+// ways): a busy host only ever adds time to a round trip, and the burst is
+// a difference of a few ms between the two sizes (100 KB at 100 Mbit/s is
+// 8 ms of an 84 ms probe), which one descheduled echo in a median of four
+// hides. 0 where a size has no timings.
+double FitBurstFromRoundTrips(double probe_bytes, const std::vector<double>& probe_rtts,
+                              double large_bytes, const std::vector<double>& large_rtts,
+                              const std::vector<double>& small_rtts);
+
 // Measures the links between this worker (rank command.rendezvous.rank) and
 // every other rank of command.rendezvous; returns one LinkMeasurement per
 // peer, from this worker (command.peers[rank], else "rank N") to the peer.
