@@ -55,8 +55,9 @@ are not allowed it prints why and exits 3. Results: results/<time>.json.
 After the table it prints the goals, round by round: `auto` against the
 best other row of its round (peers and ours forced), how many predictions
 were within 10% (raw, and on the run's own compute), and the mlp's `auto`
-at 1 Gbit/s and below against its unshaped `auto` (goal 0.9) and DDP (goal 3x). `--summarize=FILE` prints
-the table and the goals of a saved results file (no lab, no root).
+at 1 Gbit/s and below against its unshaped `auto` (goal 0.9) and DDP
+(goal 3x). `--summarize=FILE` prints the table and the goals of a saved
+results file (no lab, no root).
 """
 
 import argparse
