@@ -115,9 +115,13 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
   });
   for (int i = 0; i < static_cast<int>(links.size()) && i < kShownLinks; ++i) {
     const auto& l = links[i];
+    // The fastest round trip's rate, which groups workers into levels.
+    const double peak = l.peak_bandwidth_bytes_per_second();
     absl::StrAppend(&out, absl::StrFormat(
-        "  link %s -> %s: %s, latency %.1f us", l.from_worker(), l.to_worker(),
+        "  link %s -> %s: %s%s, latency %.1f us", l.from_worker(), l.to_worker(),
         FormatRate(l.bandwidth_bytes_per_second()),
+        std::isfinite(peak) && peak > 0 ? absl::StrCat(" (peak ", FormatRate(peak), ")")
+                                        : std::string(),
         l.latency_seconds() * 1e6));
     if (l.cpu_seconds_per_byte() > 0) {
       absl::StrAppend(&out, absl::StrFormat(", %.2f ns of CPU per byte",

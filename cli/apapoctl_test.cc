@@ -382,7 +382,14 @@ TEST(FormatTest, PlanShowsTheMeasuredLinksSlowestFirst) {
                                "100.0 KiB (measured with 4.0 MiB messages)\n"));
   EXPECT_THAT(table, HasSubstr("  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns of CPU "
                                "per byte (measured with 4.0 MiB messages)\n"));
+  // The fastest round trip's rate, which the levels are grouped by.
+  r.mutable_cluster()->mutable_links(1)->set_peak_bandwidth_bytes_per_second(2.7e8);
+  EXPECT_THAT(FormatPlan(r), HasSubstr("  link w-b -> w-a: 250.0 MB/s (peak 270.0 MB/s), "
+                                       "latency 42.0 us, token bucket "));
   // A worker's figure that is not finite is not printed.
+  r.mutable_cluster()->mutable_links(1)->set_peak_bandwidth_bytes_per_second(
+      std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(FormatPlan(r), HasSubstr("  link w-b -> w-a: 250.0 MB/s, latency 42.0 us, "));
   r.mutable_cluster()->mutable_links(0)->set_burst_bytes(
       std::numeric_limits<double>::infinity());
   EXPECT_THAT(FormatPlan(r), HasSubstr("  link w-a -> w-b: 3.00 GB/s, latency 42.0 us, 0.61 ns "

@@ -6,12 +6,14 @@
 // transfer inside a group the group's bandwidth and one between groups the
 // bandwidth between them, instead of the slowest link for everything.
 //
-// The rule: sort the measured bandwidths; every ratio of at least kLevelGap
-// between neighbours is a candidate gap, tried from the largest ratio down.
-// Links at or above a gap join workers into groups (connected components);
-// the first gap whose groups all have the same size g, 1 < g < n, gives two
-// levels: groups of g at the slowest bandwidth inside a group, and n / g
-// groups at the slowest bandwidth between groups. Otherwise (no gap, only
+// The rule: sort the measured bandwidths (each pair's peak where every pair
+// has one, LinkMeasurement.peak_bandwidth_bytes_per_second; its median
+// otherwise); every ratio of at least kLevelGap between neighbours is a
+// candidate gap, tried from the largest ratio down. Links at or above a gap
+// join workers into groups (connected components); the first gap whose
+// groups all have the same size g, 1 < g < n, gives two levels: groups of g
+// at the slowest median bandwidth inside a group, and n / g groups at the
+// slowest median between groups. Otherwise (no gap, only
 // uneven groups, at most two workers) there is one flat level at the
 // slowest link. Only two levels are inferred; deeper hierarchies are
 // flattened into those two.

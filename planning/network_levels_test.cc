@@ -73,6 +73,39 @@ TEST(NetworkLevelsTest, AHostsOwnFastLoopbackDoesNotHideTheHostsGap) {
   EXPECT_DOUBLE_EQ(levels.levels[1].bandwidth_bytes_per_second(), 0.0992e9);
 }
 
+TEST(NetworkLevelsTest, PeaksGroupTheWorkersWhenLoadHidesTheGapInTheMedians) {
+  // Four workers on two busy cores measured their pairs at once: the
+  // medians inside the hosts (w-1 + w-3, w-2 + w-4) read 0.19-0.2 GB/s,
+  // under twice the 0.11-0.12 between them, but each pair's fastest round
+  // trip still shows loopback's speed. Grouped by the peaks; charged the
+  // medians.
+  std::vector<std::string> w = {"w-1", "w-2", "w-3", "w-4"};
+  const auto link = [](const std::string& a, const std::string& b, double median,
+                       double peak) {
+    apapo::v1::LinkMeasurement l = Link(a, b, median);
+    l.set_peak_bandwidth_bytes_per_second(peak * 1e9);
+    return l;
+  };
+  std::vector<apapo::v1::LinkMeasurement> links = {
+      link("w-1", "w-2", 0.11, 0.125), link("w-1", "w-3", 0.19, 1.9),
+      link("w-1", "w-4", 0.12, 0.126), link("w-2", "w-3", 0.115, 0.124),
+      link("w-2", "w-4", 0.2, 2.4),    link("w-3", "w-4", 0.12, 0.127)};
+  auto levels = InferNetworkLevels(w, links);
+  EXPECT_THAT(levels.order, ElementsAre(0, 2, 1, 3));
+  ASSERT_EQ(levels.levels.size(), 2u) << levels.description;
+  EXPECT_EQ(levels.levels[0].group_size(), 2);
+  EXPECT_DOUBLE_EQ(levels.levels[0].bandwidth_bytes_per_second(), 0.19e9);
+  EXPECT_DOUBLE_EQ(levels.levels[1].bandwidth_bytes_per_second(), 0.11e9);
+
+  // The same medians without every pair's peak (a worker that does not
+  // report one, or a figure that is not finite) are grouped as before: no
+  // gap of 2x, one level.
+  links[3].set_peak_bandwidth_bytes_per_second(0);
+  EXPECT_EQ(InferNetworkLevels(w, links).levels.size(), 1u);
+  links[3].set_peak_bandwidth_bytes_per_second(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(InferNetworkLevels(w, links).levels.size(), 1u);
+}
+
 TEST(NetworkLevelsTest, GapsThatNeverMakeEvenGroupsStayFlat) {
   // Two gaps (a-b far above the rest, c-d above the slowest), neither of
   // which cuts the four workers into groups of one size.

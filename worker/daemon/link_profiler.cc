@@ -69,6 +69,11 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// The shortest of `v`, not empty: a busy host only ever adds time.
+double Fastest(const std::vector<double>& v) {
+  return *std::min_element(v.begin(), v.end());
+}
+
 // The job's store and the waits on it.
 class LinkStore {
  public:
@@ -132,10 +137,27 @@ struct Figures {
   double bandwidth = 0;  // bytes/second
   double latency = 0;    // seconds
   double burst = 0;      // bytes (FitBurst)
+  double peak = 0;       // bytes/second, from the fastest large round trip
   // This side's own figure, not exchanged: process CPU seconds per byte
   // sent or received over the timed large round trips.
   double cpu_per_byte = 0;
 };
+
+// The exchanged figures on the wire: bandwidth, latency, burst, peak.
+constexpr int64_t kFiguresBytes = 4 * sizeof(double);
+
+at::Tensor PackFigures(const Figures& f) {
+  return torch::tensor(std::vector<double>{f.bandwidth, f.latency, f.burst, f.peak},
+                       torch::kDouble)
+      .view(torch::kUInt8);
+}
+
+// `bytes` holds kFiguresBytes; `cpu_per_byte` is the receiver's own.
+Figures UnpackFigures(const at::Tensor& bytes, double cpu_per_byte) {
+  const at::Tensor v = bytes.view(torch::kDouble);
+  return Figures{v[0].item<double>(), v[1].item<double>(), v[2].item<double>(),
+                 v[3].item<double>(), cpu_per_byte};
+}
 
 // Process CPU over the timed messages of `large` bytes of one side of an
 // exchange, the last ones of it: from the first one's start to PerByte().
@@ -229,18 +251,19 @@ absl::StatusOr<Figures> Initiate(Transport& t, int peer,
   Figures f;
   f.cpu_per_byte = cpu.PerByte();
   f.latency = Median(small_rtt) / 2;
-  // One-way time of a large message, floored so a clock tick cannot make
-  // the figure infinite.
-  f.bandwidth = o.message_bytes / std::max(Median(large_rtt) / 2, 1e-9);
+  // A large message over its one-way time, floored so a clock tick cannot
+  // make the figure infinite.
+  const auto rate = [&o](double round_trip) {
+    return o.message_bytes / std::max(round_trip / 2, 1e-9);
+  };
+  f.bandwidth = rate(Median(large_rtt));
+  f.peak = rate(Fastest(large_rtt));
   if (!probe_rtt.empty()) {
     f.burst = FitBurstFromRoundTrips(static_cast<double>(o.burst_probe_bytes), probe_rtt,
                                      static_cast<double>(o.message_bytes), large_rtt,
                                      small_rtt);
   }
-  at::Tensor figures =
-      torch::tensor(std::vector<double>{f.bandwidth, f.latency, f.burst}, torch::kDouble)
-          .view(torch::kUInt8);
-  if (absl::Status s = t.Send(peer, tag, figures); !s.ok()) return s;
+  if (absl::Status s = t.Send(peer, tag, PackFigures(f)); !s.ok()) return s;
   if (absl::Status s = t.Flush(); !s.ok()) return s;
   return f;
 }
@@ -259,7 +282,6 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
     cpu.After(bytes, timed);
     tag += 2;
   }
-  constexpr int64_t kFiguresBytes = 3 * sizeof(double);
   if (absl::Status s = t.ExpectRecv(peer, tag, kFiguresBytes); !s.ok()) {
     return s;
   }
@@ -268,9 +290,7 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
   // Read once the figures are in: the initiator has the last echo by then.
   const double cpu_per_byte = cpu.PerByte();
   if (absl::Status s = t.Flush(); !s.ok()) return s;
-  const at::Tensor values = figures->view(torch::kDouble);
-  return Figures{values[0].item<double>(), values[1].item<double>(),
-                 values[2].item<double>(), cpu_per_byte};
+  return UnpackFigures(*figures, cpu_per_byte);
 }
 
 // Median wall time of `timed` all-reduces of `bytes` of float32 over group
@@ -405,6 +425,7 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
       link.set_message_bytes(options.message_bytes);
       link.set_cpu_seconds_per_byte(f->cpu_per_byte);
       link.set_burst_bytes(f->burst);
+      link.set_peak_bandwidth_bytes_per_second(f->peak);
     }
   }
 
@@ -451,11 +472,8 @@ double FitBurstFromRoundTrips(double probe_bytes, const std::vector<double>& pro
                               double large_bytes, const std::vector<double>& large_rtts,
                               const std::vector<double>& small_rtts) {
   if (probe_rtts.empty() || large_rtts.empty() || small_rtts.empty()) return 0;
-  const auto fastest = [](const std::vector<double>& v) {
-    return *std::min_element(v.begin(), v.end()) / 2;
-  };
-  return FitBurst(probe_bytes, fastest(probe_rtts), large_bytes, fastest(large_rtts),
-                  fastest(small_rtts));
+  return FitBurst(probe_bytes, Fastest(probe_rtts) / 2, large_bytes,
+                  Fastest(large_rtts) / 2, Fastest(small_rtts) / 2);
 }
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureLinks(

@@ -91,6 +91,10 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
   // One ping-pong, one figure: both ends report it.
   EXPECT_EQ(a.bandwidth_bytes_per_second(), b.bandwidth_bytes_per_second());
   EXPECT_EQ(a.latency_seconds(), b.latency_seconds());
+  // The fastest of the timed round trips, which the levels are grouped
+  // by: no slower than the median, the same at both ends.
+  EXPECT_GE(a.peak_bandwidth_bytes_per_second(), a.bandwidth_bytes_per_second());
+  EXPECT_EQ(a.peak_bandwidth_bytes_per_second(), b.peak_bandwidth_bytes_per_second());
   // The burst, fitted from the 1 MiB probes and the 4 MiB messages: on
   // loopback whatever the per-message costs make of it, within its bounds.
   EXPECT_EQ(a.burst_bytes(), b.burst_bytes());
