@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import unittest
 import urllib.request
@@ -225,6 +226,7 @@ class CpuQuota:
     def __init__(self, share):
         self._stop = threading.Event()
         self._thread = None
+        self._hog = None
         quota = int(self.PERIOD_US * share)
         name = f"apapo-test-{os.getpid()}"
         if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
@@ -259,6 +261,33 @@ class CpuQuota:
         starts later are born in it)."""
         self._write("cgroup.procs", pid)
 
+    def spend_what_is_left(self):
+        """Starts a busy loop at nice 19 in the group: it spends whatever of
+        each period's quota the held processes leave, so they cannot save
+        it up. A held process then gets at most the share of every period
+        however short its bursts, or less (the loop may have spent a period's
+        quota before the process wakes; it runs first once both are ready,
+        at 68x the loop's weight): all it does, compute and communication
+        alike, is slowed, as on a slower core. Without it a stage
+        with little work (a re-plan's small share) uses less than the quota
+        and runs at full speed, while its longer bursts are still cut, so
+        a plan that keeps such a worker is measured on different terms than
+        the check calibrated. Stopped by close()."""
+        # PR_SET_PDEATHSIG (1): the loop dies with the test, killed or not.
+        loop = ("import ctypes, os, sys\n"
+                "ctypes.CDLL(None).prctl(1, 9)\n"
+                "if os.getppid() != int(sys.argv[1]): sys.exit()\n"
+                "os.nice(19)\n"
+                "while True: pass\n")
+        self._hog = subprocess.Popen([sys.executable, "-c", loop, str(os.getpid())])
+        try:
+            self.add(self._hog.pid)
+        except OSError:
+            self._hog.kill()
+            self._hog.wait()
+            self._hog = None
+            raise
+
     def hold_stages(self, daemon_pid, flag="--run_assignment", most=None):
         """From now on, every stage process daemon `daemon_pid` runs (child
         with `flag` on its command line) is put in the group within 20 ms of
@@ -284,6 +313,9 @@ class CpuQuota:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self._hog is not None:
+            self._hog.kill()
+            self._hog.wait()
         with open(os.path.join(self.path, "cgroup.procs")) as f:
             left = f.read().split()
         for pid in left:
@@ -294,13 +326,31 @@ class CpuQuota:
         os.rmdir(self.path)
 
 
+def share_of_layers(plan, worker):
+    """How many of the plan's layers `worker` runs, a replicated stage's
+    layers counted once per copy over its copies."""
+    return sum(len(st.node_ids) * sum(p.worker_id == worker for p in st.placement) /
+               max(1, len(st.placement)) for st in plan.stages)
+
+
+def describe_stages(plan):
+    """'input,fc1 on w-2, 0.0324 s; fc2,loss on w-1, 0.0286 s': each stage's
+    layers, workers and predicted compute per micro-batch."""
+    return "; ".join(f"{','.join(st.node_ids)} on "
+                     f"{','.join(p.worker_id for p in st.placement)}, "
+                     f"{st.compute_seconds:.4f} s" for st in plan.stages)
+
+
 class ReplanOnMeasurementTest(unittest.TestCase):
     def test_a_worker_slowed_after_profiling_gets_less_work_after_a_restart(self):
         """Once training starts, w-2's stage processes are held to a quarter
-        of a core by a cpu cgroup: w-2 profiled at full speed and trains at
-        a quarter of it or less. The check measures its compute at 2x the plan's or more,
-        the plan made on those figures gives it less of the model (or none)
-        and simulates above the running one, and with
+        of a core by a cpu cgroup, whatever of it they leave spent by a busy
+        loop: w-2 profiled at full speed and trains at a quarter of it or
+        less (its compute has read 2.7x to 10x its profile, 5x to 13x
+        w-1's). The check measures its compute over the
+        plan's above w-1's figure, the plan made on those
+        figures gives it less of the model (or none) and simulates above
+        the running one, and with
         schedule.replan_on_measurement the job restarts on it after its
         next checkpoint. The restarted attempt, under the same limit, is
         measured faster than the first; the job trains to the end and
@@ -313,16 +363,16 @@ class ReplanOnMeasurementTest(unittest.TestCase):
         c = Cluster(workers=2, coordinator_flags=("--growth_min_remaining=2s",))
         try:
             # Wide layers: each micro-batch's forward and backward computes
-            # for longer than the quota's 4 ms period, so the quota
-            # stretches the compute itself (shorter bursts slip between
-            # its throttles and the loss lands in waits the check does not
-            # attribute).
+            # for longer than the quota's 4 ms period, so the slowdown lands
+            # in the compute the check measures more than in the waits
+            # around it.
             s = spec(steps=400)
             s.model.builtin.hyper_parameters["hidden"].i = 2048
             s.schedule.replan_on_measurement = True
             s.checkpoint.every_steps = 50
             job_id = c.submit(s)
             daemons = {w: c.workers[w].proc.pid for w in ("w-1", "w-2")}
+            quota.spend_what_is_left()
             quota.hold_stages(daemons["w-2"])
 
             def checks_until(n):
@@ -339,16 +389,23 @@ class ReplanOnMeasurementTest(unittest.TestCase):
                 return seen
             checks = checks_until(1)
             plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
-            print("\n" + checks[0] + "\nthe first plan: " + "; ".join(
-                f"{','.join(st.node_ids)} on {','.join(p.worker_id for p in st.placement)}, "
-                f"{st.compute_seconds:.4f} s" for st in plan.stages), flush=True)
+            print("\n" + checks[0] + "\nthe first plan: " + describe_stages(plan), flush=True)
             self.assertEqual(len(checks), 1)
             factors = dict((w, float(x)) for x, w in
                            re.findall(r"x([0-9.]+) on (w-[0-9]+)", checks[0]))
-            self.assertGreater(factors.get("w-2", 0), 2.0, checks[0])
-            self.assertGreater(factors["w-2"], factors.get("w-1", 1.0), checks[0])
+            # The check puts the slowdown on w-2, not on w-1. Against w-1's
+            # factor: both were profiled side by side, and a load that slowed
+            # both profiles shows in both. How far apart the two read depends
+            # on how busy the machine is: 9 runs here read w-2 at 5.8x to 8.0x
+            # of w-1, two CI runs 5.1x and 12.8x, one beside a busy loop 2.1x
+            # (and CI read 1.8x before the quota's rest was spent). That the
+            # gap is big enough to act on is asserted by the restart itself
+            # below.
+            self.assertGreater(factors.get("w-2", 0), 1.25 * factors.get("w-1", 1.0),
+                               checks[0])
             self.assertRegex(checks[0], r"restarting on it after the checkpoint of step "
                                         r"[0-9]+$")
+            first_share = share_of_layers(plan, "w-2")
             checks = checks_until(2)
             self.assertEqual(len(checks), 2, checks)
             print(checks[1], flush=True)
@@ -356,16 +413,19 @@ class ReplanOnMeasurementTest(unittest.TestCase):
                                    x).group(1)) for x in checks]
             self.assertGreater(rate[1], 1.05 * rate[0], checks)
             self.assertNotIn("restarting", checks[1])  # once per job
-            job = c.watch_until(job_id, lambda m: m.job.state in ENDED, timeout=600)
+            job, events = c.run_to_end(job_id, timeout=600)
             self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
             self.assertGreaterEqual(job.progress.step, 400)
-            self.assertEqual(job.restarts, 1)
+            self.assertEqual(job.restarts, 1, "\n".join(events))
             self.assertTrue(job.restart_history[0].cause.startswith(
                 "re-planned on the run's measurement: predicted "), job.restart_history[0])
             self.assertGreater(job.restart_history[0].resumed_step, 0)
             plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
+            print("the re-plan: " + describe_stages(plan), flush=True)
             self.assertTrue(any(n.startswith("planned on what the run measured: ")
                                 for n in plan.notes), list(plan.notes))
+            # The slowed worker runs less of the model than it did (or none).
+            self.assertLess(share_of_layers(plan, "w-2"), first_share, describe_stages(plan))
             # Nothing of either attempt is left running.
             t.wait_until(lambda: not t.child_processes(set(daemons.values()),
                                                        "--run_assignment"), 60,
