@@ -91,7 +91,9 @@ ABSL_FLAG(double, remeasure_below_speed, 0.8,
           "A worker whose profile computes below this fraction of the fastest "
           "of its job's workers is profiled once more, alone, and the faster "
           "profile kept (a slow spell while profiling would otherwise plan it "
-          "as slow for the whole job). 0 never does; at most 1.");
+          "as slow for the whole job); the others are then checked against "
+          "the new figures, each profiled again at most once. 0 never does; "
+          "at most 1.");
 ABSL_FLAG(std::string, data_roots, "/usr/share/datasets,/var/lib/apapo",
           "Comma-separated directories a job spec may name files under "
           "(data, TorchScript, checkpoints); anything else is refused at "

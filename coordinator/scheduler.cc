@@ -337,7 +337,7 @@ void Scheduler::StartProfiling(ActiveJob& a) {
   a.core_set_elsewhere.clear();
   a.plan_ready = false;
   a.remeasuring.clear();
-  a.remeasure_checked = false;
+  a.remeasured.clear();
   a.profile = apapo::v1::ProfileCommand();
   a.profile.set_job_id(a.id);
   *a.profile.mutable_spec() = a.spec;
@@ -379,18 +379,25 @@ void Scheduler::SendProfile(ActiveJob& a, int rank) {
 }
 
 bool Scheduler::MaybeRemeasure(ActiveJob& a) {
-  if (a.remeasure_checked || options_.remeasure_below_speed <= 0 || a.workers.size() < 2) {
-    return false;
-  }
-  a.remeasure_checked = true;
+  if (options_.remeasure_below_speed <= 0 || a.workers.size() < 2) return false;
+  std::string fastest_worker;
   double fastest = 0;  // the least total compute
   for (const std::string& w : a.workers) {
     const double t = TotalCompute(a.profiles[w].profile());
-    if (t > 0 && (fastest == 0 || t < fastest)) fastest = t;
+    if (t > 0 && (fastest == 0 || t < fastest)) {
+      fastest = t;
+      fastest_worker = w;
+    }
   }
   if (fastest <= 0) return false;
+  // The fastest as profiled alone (a second round kept its faster
+  // profile): the others' first profiles were taken side by side, in
+  // whatever spell slowed the first round, so they are measured alone too.
+  // Each worker is profiled again at most once a round, so this ends.
+  const bool against_alone = a.remeasured.count(fastest_worker) > 0;
   std::vector<std::string> slow;
   for (const std::string& w : a.workers) {
+    if (a.remeasured.count(w)) continue;
     const apapo::v1::ProfileResult& r = a.profiles[w];
     // A worker whose cores the job's others crowded while it profiled had
     // its profile scaled to alone (NoteSharedCores); profiled alone, it
@@ -420,10 +427,15 @@ bool Scheduler::MaybeRemeasure(ActiveJob& a) {
       return true;
     }
     a.remeasuring[*command] = w;
-    jobs_->RecordEvent(a.id, absl::StrFormat(
-                                 "%s computed at %.2fx the fastest worker's speed: "
-                                 "profiling it once more, alone",
-                                 w, speed))
+    a.remeasured.insert(w);
+    jobs_->RecordEvent(a.id,
+                       against_alone
+                           ? absl::StrFormat("%s computed at %.2fx the speed of %s, which was "
+                                             "profiled alone: profiling it once more, alone",
+                                             w, speed, fastest_worker)
+                           : absl::StrFormat("%s computed at %.2fx the fastest worker's "
+                                             "speed: profiling it once more, alone",
+                                             w, speed))
         .IgnoreError();
   }
   a.deadline = clock_->Now() + options_.profile_timeout;
@@ -1111,6 +1123,8 @@ void Scheduler::OnAck(ActiveJob& a, const std::string& worker_id,
                                           ack.message(), "); its first is kept"))
         .IgnoreError();
     if (a.remeasuring.empty()) {
+      const std::string id = a.id;
+      if (MaybeRemeasure(a) || !active_.count(id)) return;
       a.plan_ready = true;
       dirty_ = true;
     }

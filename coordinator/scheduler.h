@@ -12,7 +12,11 @@
 //              once more, alone and without the link test, and the faster
 //              of its two profiles is kept: a worker profiled in a slow
 //              spell would otherwise be planned as slow (or left out) for
-//              the whole job
+//              the whole job. Against the new figures the others are
+//              checked again: a worker now below that share of one whose
+//              kept profile was taken alone is profiled alone too (each at
+//              most once a round), so no worker is planned on a crowded
+//              profile next to another's quiet one
 //   PLANNING   the Planner turns profile + cluster into a Plan; the rank
 //              hosting the c10d TCPStore is assigned first (port 0), reports
 //              the bound port in its ack, then every other rank is assigned
@@ -238,10 +242,10 @@ class Scheduler : public WorkerMessageListener {
     std::map<std::string, int> core_set_members;
     std::map<std::string, int> core_set_elsewhere;
     bool plan_ready = false;  // all profiles in; the thread plans
-    // Workers profiled again this round (MaybeRemeasure), and whether the
-    // round has had its check; StartProfiling clears both.
+    // Workers being profiled again this round (MaybeRemeasure), and every
+    // worker profiled again this round; StartProfiling clears both.
     std::map<int64_t, std::string> remeasuring;  // command id -> worker
-    bool remeasure_checked = false;
+    std::set<std::string> remeasured;
     // Non-zero while the planner computes this job's plan: the attempt the
     // result must match to be applied (PlanRequest::attempt).
     int64_t plan_attempt = 0;
@@ -380,9 +384,12 @@ class Scheduler : public WorkerMessageListener {
   // Sends job.profile to the worker of `rank` (an index into job.workers);
   // fails the job if that worker is gone.
   void SendProfile(ActiveJob& job, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Once every profile of the round is in: sends the workers measured
-  // below options_.remeasure_below_speed of the fastest a compute-only
-  // ProfileCommand; true if any was sent (the plan waits for them).
+  // Once every profile of the round is in (second ones too): sends the
+  // workers measured below options_.remeasure_below_speed of the fastest,
+  // and not yet profiled again this round, a compute-only ProfileCommand;
+  // true if any was sent (the plan waits for them). Called again when the
+  // second profiles are in: one that made its worker the fastest has the
+  // others, profiled beside each other, measured alone too.
   bool MaybeRemeasure(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker's second profile: kept (with the first's link figures) if it
   // computes faster than the first.

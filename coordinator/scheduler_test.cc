@@ -576,6 +576,55 @@ TEST_F(SchedulerTest, AWorkerProfiledSlowIsProfiledAgainAndTheFasterProfileKept)
   EXPECT_THAT(events, ::testing::Not(HasSubstr("w-1 computed at")));
 }
 
+// The first round ran side by side in a slow spell: w-2, profiled alone,
+// comes back 5x faster, and w-1, as crowded in the first round, now reads
+// at 0.34x of it. w-1 is profiled alone too before anything is planned
+// (planned on the two rounds as they were, the job would run w-2 alone),
+// and nobody a third time.
+TEST_F(SchedulerTest, OneProfiledAloneFarFasterHasTheOthersProfiledAloneToo) {
+  const std::string id = ProfiledAt(1.6);  // w-2 at 0.63x w-1's speed
+  ASSERT_TRUE(Next("w-2").has_profile());
+  EXPECT_FALSE(HasCommand("w-1"));
+  Profile("w-2", id, 0.34);
+  CoordinatorMessage again = Next("w-1");
+  ASSERT_TRUE(again.has_profile());
+  EXPECT_FALSE(again.profile().has_rendezvous());
+  EXPECT_EQ(again.profile().peers_size(), 0);
+  scheduler_.RunOnce();
+  EXPECT_EQ(planner_.seen_cluster.workers_size(), 0);  // waits for it
+  Profile("w-1", id, 0.35);
+  EXPECT_FALSE(HasCommand("w-1"));
+  EXPECT_FALSE(HasCommand("w-2"));
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  // Speeds are relative to the first worker's.
+  EXPECT_NEAR(planner_.seen_cluster.workers(1).relative_speed(), 0.35 / 0.34, 1e-9);
+  const std::string events = Events(jobs_, id);
+  EXPECT_THAT(events, HasSubstr("w-2 profiled again: 0.21x the time of its first "
+                                "profile; the second is kept"));
+  EXPECT_THAT(events, HasSubstr("w-1 computed at 0.34x the speed of w-2, which was "
+                                "profiled alone: profiling it once more, alone"));
+  EXPECT_THAT(events, HasSubstr("w-1 profiled again: 0.35x the time of its first "
+                                "profile; the second is kept"));
+}
+
+// The same, but w-1 is no faster alone: its first profile stands, w-2 is
+// not profiled a third time, and the job is planned with w-1 slow.
+TEST_F(SchedulerTest, AWorkerProfiledAgainIsNotProfiledAThirdTime) {
+  const std::string id = ProfiledAt(1.6);
+  ASSERT_TRUE(Next("w-2").has_profile());
+  Profile("w-2", id, 0.34);
+  ASSERT_TRUE(Next("w-1").has_profile());
+  Profile("w-1", id, 1.1);
+  EXPECT_FALSE(HasCommand("w-1"));
+  EXPECT_FALSE(HasCommand("w-2"));
+  scheduler_.RunOnce();
+  ASSERT_EQ(planner_.seen_cluster.workers_size(), 2);
+  EXPECT_NEAR(planner_.seen_cluster.workers(1).relative_speed(), 1.0 / 0.34, 1e-9);
+  EXPECT_THAT(Events(jobs_, id), HasSubstr("w-1 profiled again: 1.10x the time of its "
+                                           "first profile; the first is kept"));
+}
+
 // Slow again (or slower): the first profile stands, and only once.
 TEST_F(SchedulerTest, AWorkerSlowTwiceKeepsItsFasterProfileAndIsPlannedSlow) {
   const std::string id = ProfiledAt(2.0);
