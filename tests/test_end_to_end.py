@@ -1,6 +1,7 @@
 """The whole product on loopback: a coordinator, worker daemons and real
 training jobs, driven through the gRPC API (Python client) and apapoctl."""
 
+import itertools
 import os
 import re
 import signal
@@ -222,13 +223,14 @@ class CpuQuota:
     close() moves whatever is left to the parent and removes the group."""
 
     PERIOD_US = 4000
+    _ids = itertools.count(1)  # several groups in one test
 
     def __init__(self, share):
         self._stop = threading.Event()
         self._thread = None
         self._hog = None
         quota = int(self.PERIOD_US * share)
-        name = f"apapo-test-{os.getpid()}"
+        name = f"apapo-test-{os.getpid()}-{next(self._ids)}"
         if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
             self.parent = "/sys/fs/cgroup/cpu"
             self.path = os.path.join(self.parent, name)
@@ -495,6 +497,58 @@ class RemeasureTest(unittest.TestCase):
         finally:
             c.close()
             quota.close()
+
+    def test_a_worker_fastest_alone_has_the_others_profiled_alone_too(self):
+        """A slow spell over the whole first round: w-1's first profiling
+        process is held to half a core, w-2's to a quarter (the least a
+        4 ms period allows). w-2 reads at about half w-1's speed and is
+        profiled again, alone and at full speed, so w-1's crowded first
+        profile now reads at about half of it: w-1 is
+        profiled alone too, and the job is planned on the two quiet
+        profiles, the workers at about one speed (on the first round's
+        w-1 against w-2's second, it would plan w-1 at 0.5x). Nobody is profiled a third time; the job trains to the end
+        and nothing is left running or in either group."""
+        quotas = []
+        try:
+            for share in (0.5, 0.25):
+                quotas.append(CpuQuota(share))
+        except OSError as e:
+            for q in quotas:
+                q.close()
+            self.skipTest(f"needs cpu cgroups to slow both workers while they profile: {e}")
+        c = None
+        try:
+            c = Cluster(workers=2)
+            for q, w in zip(quotas, ("w-1", "w-2")):
+                q.hold_stages(c.workers[w].proc.pid, flag="--run_profile", most=1)
+            s = spec(steps=60)
+            s.model.builtin.hyper_parameters["hidden"].i = 2048
+            job, events = c.run_to_end(c.submit(s))
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+            text = "\n".join(events)
+            print("\n" + "\n".join(e for e in events if "profil" in e), flush=True)
+            self.assertRegex(text, r"w-2 computed at [0-9.]+x the fastest worker's speed: "
+                                   r"profiling it once more, alone")
+            self.assertRegex(text, r"w-1 computed at [0-9.]+x the speed of w-2, which was "
+                                   r"profiled alone: profiling it once more, alone")
+            for w in ("w-1", "w-2"):
+                self.assertRegex(text, w + r" profiled again: [0-9.]+x the time of its "
+                                           r"first profile; the second is kept")
+                self.assertEqual(text.count(w + " profiled again"), 1, text)
+            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
+            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+            print(f"planned speeds: {speeds}", flush=True)
+            # Identical workers, both measured alone: within this machine's
+            # noise of each other (0.8-1.2, once 0.7955), far from the 0.5
+            # of the first round's w-1 against w-2's second.
+            self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
+            self.assertLess(speeds.get("w-2", 0), 1 / 0.6, speeds)
+            self.assert_nothing_left(c)
+        finally:
+            if c is not None:
+                c.close()
+            for q in quotas:
+                q.close()
 
     def assert_nothing_left(self, c):
         """No profiling or stage process of any daemon runs, and every
