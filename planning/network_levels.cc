@@ -87,13 +87,14 @@ NetworkLevels InferNetworkLevels(
       p.bandwidth = l.bandwidth_bytes_per_second();
     }
     p.latency = std::max(p.latency, l.latency_seconds());
-    // A worker's figure: one that is not finite and positive counts as none.
-    const double burst =
-        std::isfinite(l.burst_bytes()) && l.burst_bytes() > 0 ? l.burst_bytes() : 0;
-    p.burst = inserted ? burst : std::min(p.burst, burst);
-    const double peak = l.peak_bandwidth_bytes_per_second();
-    const double peak_or_none = std::isfinite(peak) && peak > 0 ? peak : 0;
-    p.peak = inserted ? peak_or_none : std::min(p.peak, peak_or_none);
+    // A worker's figure: one that is not finite and positive counts as none
+    // (0), and a pair with none in either direction has none.
+    const auto slower = [inserted](double kept, double figure) {
+      const double or_none = std::isfinite(figure) && figure > 0 ? figure : 0;
+      return inserted ? or_none : std::min(kept, or_none);
+    };
+    p.burst = slower(p.burst, l.burst_bytes());
+    p.peak = slower(p.peak, l.peak_bandwidth_bytes_per_second());
   }
   std::vector<Pair> pairs;
   for (const auto& [key, p] : by_pair) pairs.push_back(p);
