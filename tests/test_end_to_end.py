@@ -440,25 +440,28 @@ class ReplanOnMeasurementTest(unittest.TestCase):
 
 
 class RemeasureTest(unittest.TestCase):
-    def slowed_first_profile(self):
-        """(quota, cluster, spec): two workers, the first profiling process
-        of w-2 held to a quarter of a core by a cpu cgroup (skips where none
-        can be made), and a 60-step job of wide layers: each pass computes
-        for longer than the quota's 4 ms period, so the quota stretches the
-        compute itself. The caller closes the cluster, then the quota."""
-        try:
-            quota = CpuQuota(0.25)
-        except OSError as e:
-            self.skipTest(f"needs a cpu cgroup to slow w-2 while it profiles: {e}")
-        try:
-            c = Cluster(workers=2)
-        except BaseException:
-            quota.close()
-            raise
-        quota.hold_stages(c.workers["w-2"].proc.pid, flag="--run_profile", most=1)
+    def slowed_first_profiles(self, shares):
+        """(cluster, spec): two workers, the first profiling process of each
+        worker in `shares` held to its share of a core by a cpu cgroup of its
+        own (skips where none can be made), and a 60-step job of wide
+        layers: each pass computes for longer than the quota's 4 ms period,
+        so the quota stretches the compute itself. The test's cleanups close
+        the cluster, then the groups, also when it fails."""
+        held = []
+        for worker, share in shares.items():
+            try:
+                quota = CpuQuota(share)
+            except OSError as e:
+                self.skipTest(f"needs a cpu cgroup to slow {worker} while it profiles: {e}")
+            self.addCleanup(quota.close)
+            held.append((worker, quota))
+        c = Cluster(workers=2)
+        self.addCleanup(c.close)  # cleanups run last in, first out: before the groups'
+        for worker, quota in held:
+            quota.hold_stages(c.workers[worker].proc.pid, flag="--run_profile", most=1)
         s = spec(steps=60)
         s.model.builtin.hyper_parameters["hidden"].i = 2048
-        return quota, c, s
+        return c, s
 
     def test_a_worker_slowed_while_profiling_is_profiled_again_and_planned_at_speed(self):
         """w-2's first profiling process is held to a quarter of a core by a
@@ -467,88 +470,65 @@ class RemeasureTest(unittest.TestCase):
         keeps the faster profile, and plans the job with w-2 at about w-1's
         speed; the job trains to the end, and nothing is left running or
         in the group."""
-        quota, c, s = self.slowed_first_profile()
-        try:
-            job, events = c.run_to_end(c.submit(s))
-            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
-            text = "\n".join(events)
-            print("\n" + "\n".join(e for e in events if "profil" in e and "w-2" in e),
-                  flush=True)
-            first = re.search(r"w-2 computed at ([0-9.]+)x the fastest worker's speed: "
-                              r"profiling it once more, alone", text)
-            self.assertIsNotNone(first, text)
-            self.assertLess(float(first.group(1)), 0.8)
-            again = re.search(r"w-2 profiled again: ([0-9.]+)x the time of its first "
-                              r"profile; the second is kept", text)
-            self.assertIsNotNone(again, text)
-            self.assertNotIn("w-1 computed at", text)
-            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
-            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
-            print(f"planned speeds: {speeds}", flush=True)
-            # Far above the quota's quarter: at w-1's speed give or take this
-            # machine's noise (identical workers read 0.8-1.2 of each other,
-            # and once 0.7955 here), and at least twice the first reading.
-            self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
-            self.assertGreater(speeds.get("w-2", 0), 2 * float(first.group(1)), speeds)
-            # The link test ran once, in the first round, and its figures stand.
-            self.assertEqual({(l.from_worker, l.to_worker) for l in plan.cluster.links},
-                             {("w-1", "w-2"), ("w-2", "w-1")})
-            self.assert_nothing_left(c)
-        finally:
-            c.close()
-            quota.close()
+        c, s = self.slowed_first_profiles({"w-2": 0.25})
+        job, events = c.run_to_end(c.submit(s))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        text = "\n".join(events)
+        print("\n" + "\n".join(e for e in events if "profil" in e and "w-2" in e),
+              flush=True)
+        first = re.search(r"w-2 computed at ([0-9.]+)x the fastest worker's speed: "
+                          r"profiling it once more, alone", text)
+        self.assertIsNotNone(first, text)
+        self.assertLess(float(first.group(1)), 0.8)
+        again = re.search(r"w-2 profiled again: ([0-9.]+)x the time of its first "
+                          r"profile; the second is kept", text)
+        self.assertIsNotNone(again, text)
+        self.assertNotIn("w-1 computed at", text)
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
+        speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+        print(f"planned speeds: {speeds}", flush=True)
+        # Far above the quota's quarter: at w-1's speed give or take this
+        # machine's noise (identical workers read 0.8-1.2 of each other,
+        # and once 0.7955 here), and at least twice the first reading.
+        self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
+        self.assertGreater(speeds.get("w-2", 0), 2 * float(first.group(1)), speeds)
+        # The link test ran once, in the first round, and its figures stand.
+        self.assertEqual({(l.from_worker, l.to_worker) for l in plan.cluster.links},
+                         {("w-1", "w-2"), ("w-2", "w-1")})
+        self.assert_nothing_left(c)
 
     def test_a_worker_fastest_alone_has_the_others_profiled_alone_too(self):
         """A slow spell over the whole first round: w-1's first profiling
         process is held to half a core, w-2's to a quarter (the least a
         4 ms period allows). w-2 reads at about half w-1's speed and is
         profiled again, alone and at full speed, so w-1's crowded first
-        profile now reads at about half of it: w-1 is
-        profiled alone too, and the job is planned on the two quiet
-        profiles, the workers at about one speed (on the first round's
-        w-1 against w-2's second, it would plan w-1 at 0.5x). Nobody is profiled a third time; the job trains to the end
-        and nothing is left running or in either group."""
-        quotas = []
-        try:
-            for share in (0.5, 0.25):
-                quotas.append(CpuQuota(share))
-        except OSError as e:
-            for q in quotas:
-                q.close()
-            self.skipTest(f"needs cpu cgroups to slow both workers while they profile: {e}")
-        c = None
-        try:
-            c = Cluster(workers=2)
-            for q, w in zip(quotas, ("w-1", "w-2")):
-                q.hold_stages(c.workers[w].proc.pid, flag="--run_profile", most=1)
-            s = spec(steps=60)
-            s.model.builtin.hyper_parameters["hidden"].i = 2048
-            job, events = c.run_to_end(c.submit(s))
-            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
-            text = "\n".join(events)
-            print("\n" + "\n".join(e for e in events if "profil" in e), flush=True)
-            self.assertRegex(text, r"w-2 computed at [0-9.]+x the fastest worker's speed: "
-                                   r"profiling it once more, alone")
-            self.assertRegex(text, r"w-1 computed at [0-9.]+x the speed of w-2, which was "
-                                   r"profiled alone: profiling it once more, alone")
-            for w in ("w-1", "w-2"):
-                self.assertRegex(text, w + r" profiled again: [0-9.]+x the time of its "
-                                           r"first profile; the second is kept")
-                self.assertEqual(text.count(w + " profiled again"), 1, text)
-            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
-            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
-            print(f"planned speeds: {speeds}", flush=True)
-            # Identical workers, both measured alone: within this machine's
-            # noise of each other (0.8-1.2, once 0.7955), far from the 0.5
-            # of the first round's w-1 against w-2's second.
-            self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
-            self.assertLess(speeds.get("w-2", 0), 1 / 0.6, speeds)
-            self.assert_nothing_left(c)
-        finally:
-            if c is not None:
-                c.close()
-            for q in quotas:
-                q.close()
+        profile now reads at about half of it: w-1 is profiled alone too,
+        and the job is planned on the two quiet profiles, the workers at
+        about one speed (on the first round's w-1 against w-2's second, it
+        would plan w-1 at 0.5x). Nobody is profiled a third time; the job
+        trains to the end and nothing is left running or in either group."""
+        c, s = self.slowed_first_profiles({"w-1": 0.5, "w-2": 0.25})
+        job, events = c.run_to_end(c.submit(s))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        text = "\n".join(events)
+        print("\n" + "\n".join(e for e in events if "profil" in e), flush=True)
+        self.assertRegex(text, r"w-2 computed at [0-9.]+x the fastest worker's speed: "
+                               r"profiling it once more, alone")
+        self.assertRegex(text, r"w-1 computed at [0-9.]+x the speed of w-2, which was "
+                               r"profiled alone: profiling it once more, alone")
+        for w in ("w-1", "w-2"):
+            self.assertRegex(text, w + r" profiled again: [0-9.]+x the time of its "
+                                       r"first profile; the second is kept")
+            self.assertEqual(text.count(w + " profiled again"), 1, text)
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
+        speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+        print(f"planned speeds: {speeds}", flush=True)
+        # Identical workers, both measured alone: within this machine's
+        # noise of each other (0.8-1.2, once 0.7955), far from the 0.5
+        # of the first round's w-1 against w-2's second.
+        self.assertGreater(speeds.get("w-2", 0), 0.6, speeds)
+        self.assertLess(speeds.get("w-2", 0), 1 / 0.6, speeds)
+        self.assert_nothing_left(c)
 
     def assert_nothing_left(self, c):
         """No profiling or stage process of any daemon runs, and every
@@ -564,31 +544,27 @@ class RemeasureTest(unittest.TestCase):
         SIGKILL (what the OOM killer sends) as soon as it starts: the job
         is not failed for it. Its first profile stands (w-2 planned slow or
         left out), the job trains to the end, and nothing is left running."""
-        quota, c, s = self.slowed_first_profile()
-        try:
-            daemon = c.workers["w-2"].proc.pid
-            job_id = c.submit(s)
-            first = t.wait_until(lambda: children_with(daemon, "--run_profile"), 120,
-                                 "w-2's first profiling process", interval=0.01)
-            second = t.wait_until(
-                lambda: [p for p in children_with(daemon, "--run_profile") if p not in first],
-                180, "w-2's second profiling process", interval=0.01)
-            for pid in second:
-                os.kill(pid, signal.SIGKILL)
-            job, events = c.run_to_end(job_id)
-            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
-            text = "\n".join(events)
-            self.assertRegex(text, r"w-2's second profile failed \(.*killed by signal 9.*\); "
-                                   r"its first is kept")
-            plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
-            speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
-            print(f"\nplanned speeds: {speeds}", flush=True)
-            self.assertLess(speeds.get("w-2", 0), 0.8, speeds)
-            self.assertIsNone(c.workers["w-2"].proc.poll())
-            self.assert_nothing_left(c)
-        finally:
-            c.close()
-            quota.close()
+        c, s = self.slowed_first_profiles({"w-2": 0.25})
+        daemon = c.workers["w-2"].proc.pid
+        job_id = c.submit(s)
+        first = t.wait_until(lambda: children_with(daemon, "--run_profile"), 120,
+                             "w-2's first profiling process", interval=0.01)
+        second = t.wait_until(
+            lambda: [p for p in children_with(daemon, "--run_profile") if p not in first],
+            180, "w-2's second profiling process", interval=0.01)
+        for pid in second:
+            os.kill(pid, signal.SIGKILL)
+        job, events = c.run_to_end(job_id)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        text = "\n".join(events)
+        self.assertRegex(text, r"w-2's second profile failed \(.*killed by signal 9.*\); "
+                               r"its first is kept")
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+        speeds = {w.worker_id: w.relative_speed for w in plan.cluster.workers}
+        print(f"\nplanned speeds: {speeds}", flush=True)
+        self.assertLess(speeds.get("w-2", 0), 0.8, speeds)
+        self.assertIsNone(c.workers["w-2"].proc.poll())
+        self.assert_nothing_left(c)
 
 
 class WorkerHostTest(unittest.TestCase):
