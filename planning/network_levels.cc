@@ -22,6 +22,14 @@ struct Pair {
   double peak = 0;
 };
 
+// A pair's figure after one more direction's: the smaller. A worker's
+// figure that is not finite and positive counts as none (0), and a pair
+// with none in either direction has none. `first`: the pair's first.
+double SlowerFigure(bool first, double kept, double figure) {
+  const double or_none = std::isfinite(figure) && figure > 0 ? figure : 0;
+  return first ? or_none : std::min(kept, or_none);
+}
+
 int Find(std::vector<int>& parent, int x) {
   while (parent[x] != x) x = parent[x] = parent[parent[x]];
   return x;
@@ -87,14 +95,8 @@ NetworkLevels InferNetworkLevels(
       p.bandwidth = l.bandwidth_bytes_per_second();
     }
     p.latency = std::max(p.latency, l.latency_seconds());
-    // A worker's figure: one that is not finite and positive counts as none
-    // (0), and a pair with none in either direction has none.
-    const auto slower = [inserted](double kept, double figure) {
-      const double or_none = std::isfinite(figure) && figure > 0 ? figure : 0;
-      return inserted ? or_none : std::min(kept, or_none);
-    };
-    p.burst = slower(p.burst, l.burst_bytes());
-    p.peak = slower(p.peak, l.peak_bandwidth_bytes_per_second());
+    p.burst = SlowerFigure(inserted, p.burst, l.burst_bytes());
+    p.peak = SlowerFigure(inserted, p.peak, l.peak_bandwidth_bytes_per_second());
   }
   std::vector<Pair> pairs;
   for (const auto& [key, p] : by_pair) pairs.push_back(p);
