@@ -622,8 +622,10 @@ int Apapoctl::Trace(const std::string& id) {
 }
 
 int Apapoctl::Workers() {
-  out_ << absl::StrFormat("%-20s %-16s %-6s %-6s %10s %-12s %s\n", "WORKER",
-                          "HOST", "STATE", "CORES", "MEMORY", "JOB",
+  // CPU LIMIT: the cores' worth of CPU time its cgroups allow (a
+  // container's CPU limit), "-" for none.
+  out_ << absl::StrFormat("%-20s %-16s %-6s %-6s %-9s %10s %-12s %s\n", "WORKER",
+                          "HOST", "STATE", "CORES", "CPU LIMIT", "MEMORY", "JOB",
                           "LAST HEARTBEAT");
   // Page through the fleet: one reply stays small however many there are.
   apapo::v1::ListWorkersRequest request;
@@ -640,9 +642,12 @@ int Apapoctl::Workers() {
       std::transform(state.begin(), state.end(), state.begin(), ::tolower);
       ++by_state[state];
       ++shown;
-      out_ << absl::StrFormat("%-20s %-16s %-6s %-6d %10s %-12s %s\n",
+      out_ << absl::StrFormat("%-20s %-16s %-6s %-6d %-9s %10s %-12s %s\n",
                               w.info().worker_id(), w.info().host(), state,
                               w.info().cores(),
+                              w.info().cpu_quota() > 0
+                                  ? absl::StrFormat("%.2f", w.info().cpu_quota())
+                                  : std::string("-"),
                               FormatBytes(w.info().memory_bytes()),
                               w.job_id().empty() ? "-" : w.job_id(),
                               FormatTime(w.last_heartbeat()));

@@ -146,6 +146,8 @@ TEST_F(ApapoctlTest, WorkersPagesThroughTheWholeFleet) {
     apapo::v1::WorkerInfo info;
     info.set_worker_id(absl::StrFormat("w-%04d", i));
     info.set_host("198.18.0.1");
+    info.set_cores(i == 0 ? 2 : 1);
+    if (i == 0) info.set_cpu_quota(2.5);  // a container's CPU limit
     auto session = registry_.Register(info);
     ASSERT_TRUE(session.ok());
     sessions.push_back(*session);
@@ -154,7 +156,9 @@ TEST_F(ApapoctlTest, WorkersPagesThroughTheWholeFleet) {
   registry_.Disconnect(*sessions.back(), "gone");
   ASSERT_EQ(Run({"workers"}), kExitOk) << err_.str();
   const std::string text = out_.str();
-  EXPECT_THAT(text, HasSubstr("w-0000 "));
+  EXPECT_THAT(text, HasSubstr("CORES  CPU LIMIT"));
+  EXPECT_THAT(text, ContainsRegex("w-0000 +198.18.0.1 +busy +2 +2.50 "));
+  EXPECT_THAT(text, ContainsRegex("w-0001 +198.18.0.1 +busy +1 +- "));
   EXPECT_THAT(text, HasSubstr(absl::StrFormat("w-%04d ", n - 1)));
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), n + 2);  // + header, total
   EXPECT_THAT(text, EndsWith(absl::StrFormat(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/threads.h"
 #include "planning/core_sharing.h"
 #include "planning/network_levels.h"
 #include "planning/simulated_trace.h"
@@ -478,8 +479,9 @@ std::optional<apapo::v1::WorkerInfo> Scheduler::SetCoreSet(
   if (!info.has_value() || info->core_set().empty()) return std::nullopt;
   res->set_core_set(info->core_set());
   res->set_core_set_size(info->core_set_size());
-  // A stage computes with the spec's threads, else one (StageThreads).
-  res->set_threads(std::max(1, a.spec.resources().threads_per_worker()));
+  // A stage computes with the spec's threads, else one, within the
+  // worker's CPU quota (StageThreads).
+  res->set_threads(ThreadsWithin(a.spec.resources().threads_per_worker(), info->cpu_quota()));
   return info;
 }
 
@@ -487,10 +489,12 @@ std::map<std::string, int> Scheduler::ThreadsElsewhere(const ActiveJob& job) {
   std::map<std::string, int> threads;
   for (const auto& [id, other] : active_) {
     if (id == job.id) continue;
-    const int t = std::max(1, other.spec.resources().threads_per_worker());
     for (const std::string& w : other.workers) {
       std::optional<apapo::v1::WorkerInfo> info = registry_->Info(w);
-      if (info.has_value() && !info->core_set().empty()) threads[info->core_set()] += t;
+      if (info.has_value() && !info->core_set().empty()) {
+        threads[info->core_set()] +=
+            ThreadsWithin(other.spec.resources().threads_per_worker(), info->cpu_quota());
+      }
     }
   }
   return threads;

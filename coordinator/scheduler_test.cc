@@ -98,12 +98,14 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void AddWorker(const std::string& id, const std::string& host = "127.0.0.1",
-                 const std::string& core_set = "", int core_set_size = 0) {
+                 const std::string& core_set = "", int core_set_size = 0,
+                 double cpu_quota = 0) {
     apapo::v1::WorkerInfo info;
     info.set_worker_id(id);
     info.set_host(host);
     info.set_core_set(core_set);
     info.set_core_set_size(core_set_size);
+    info.set_cpu_quota(cpu_quota);
     auto session = registry_.Register(info);
     EXPECT_TRUE(session.ok());
     if (session.ok()) sessions_[id] = *session;
@@ -128,6 +130,7 @@ class SchedulerTest : public ::testing::Test {
              limits { epochs: 1 })pb",
         &spec));
     spec.mutable_resources()->set_workers(workers);
+    spec.mutable_resources()->set_threads_per_worker(threads_per_worker_);
     if (max_restarts_ >= 0) {
       spec.mutable_fault_tolerance()->set_max_restarts(max_restarts_);
     }
@@ -275,6 +278,7 @@ class SchedulerTest : public ::testing::Test {
   int max_workers_ = 0;
   bool replan_on_measurement_ = false;
   bool two_nodes_ = false;  // Profile() adds fc2 and a batch size
+  int threads_per_worker_ = 0;  // spec.resources of the jobs Submit makes
   absl::Notification gate_;
   MemoryJobStore store_;
   FakeClock clock_;
@@ -362,6 +366,52 @@ TEST_F(SchedulerTest, WorkersWithCoresEnoughAreProfiledAsMeasured) {
   EXPECT_DOUBLE_EQ(planner_.seen_profile.nodes(0).forward_seconds(), 1.0);
   EXPECT_EQ(planner_.seen_cluster.workers(0).core_set(), "boot/0-1");
   EXPECT_EQ(planner_.seen_cluster.workers(0).core_set_size(), 2);
+}
+
+// A job of 2 threads per worker on two workers of one 2-core set, each
+// registered with `cpu_quota`: the threads the planner counts per worker,
+// and the factor their profiles were scaled by (1: as measured).
+struct QuotaSeen {
+  int threads = 0;
+  double scale = 0;
+};
+
+class SchedulerQuotaTest : public SchedulerTest {
+ protected:
+  QuotaSeen ProfileUnderQuota(double cpu_quota) {
+    threads_per_worker_ = 2;
+    AddWorker("w-1", "127.0.0.1", "boot/0-1", 2, cpu_quota);
+    AddWorker("w-2", "127.0.0.1", "boot/0-1", 2, cpu_quota);
+    std::string id = Submit(2);
+    scheduler_.RunOnce();
+    StartProfiling();
+    Profile("w-1", id, 1.0);
+    Profile("w-2", id, 1.0);
+    scheduler_.RunOnce();
+    EXPECT_EQ(planner_.seen_cluster.workers_size(), 2);
+    if (planner_.seen_cluster.workers_size() != 2) return {};
+    EXPECT_EQ(planner_.seen_cluster.workers(0).threads(),
+              planner_.seen_cluster.workers(1).threads());
+    return {planner_.seen_cluster.workers(0).threads(),
+            planner_.seen_profile.nodes(0).forward_seconds()};
+  }
+};
+
+// Without a quota, 2 workers of 2 threads crowd 2 cores: each profiled at
+// half its speed alone.
+TEST_F(SchedulerQuotaTest, TwoThreadsEachOnTwoCoresCrowdThem) {
+  const QuotaSeen seen = ProfileUnderQuota(0);
+  EXPECT_EQ(seen.threads, 2);
+  EXPECT_DOUBLE_EQ(seen.scale, 0.5);
+}
+
+// A cgroup quota of one core each (a container's CPU limit): their stages
+// compute with 1 thread (StageThreads), which the 2 cores hold, so the
+// profiles stand as measured; alone, a quota'd worker is no faster.
+TEST_F(SchedulerQuotaTest, AQuotaOfACoreEachBoundsTheThreadsCounted) {
+  const QuotaSeen seen = ProfileUnderQuota(1.0);
+  EXPECT_EQ(seen.threads, 1);
+  EXPECT_DOUBLE_EQ(seen.scale, 1.0);
 }
 
 TEST_F(SchedulerTest, FullLifecycleToSucceededWithProgress) {

@@ -128,6 +128,10 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> WorkerRegistry::Register(
         "register.core_set_size: ", info.core_set_size(),
         "; must be 1..65536 with a core_set, 0 without one"));
   }
+  if (!(info.cpu_quota() >= 0 && info.cpu_quota() <= 65536)) {  // NaN fails too
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register.cpu_quota: ", info.cpu_quota(), "; must be 0 (none) to 65536 cores"));
+  }
   std::shared_ptr<WorkerSession> session;
   {
     absl::MutexLock lock(&mu_);

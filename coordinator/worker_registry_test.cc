@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <set>
 
@@ -84,6 +86,22 @@ TEST_F(WorkerRegistryTest, CoreSetsAreCheckedAtRegistration) {
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(bad.field)) << bad.set;
   }
   EXPECT_EQ(registry_.List().size(), 2u);
+}
+
+// A CPU quota the planner would divide by or count threads from.
+TEST_F(WorkerRegistryTest, CpuQuotasAreCheckedAtRegistration) {
+  apapo::v1::WorkerInfo info = Info("w-1");
+  info.set_cpu_quota(2.5);
+  ASSERT_TRUE(registry_.Register(info).ok());
+  for (double bad : {-1.0, 65537.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    apapo::v1::WorkerInfo b = Info("w-bad");
+    b.set_cpu_quota(bad);
+    auto r = registry_.Register(b);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("register.cpu_quota:")) << bad;
+  }
+  ASSERT_EQ(registry_.List().size(), 1u);
+  EXPECT_EQ(registry_.List()[0].info().cpu_quota(), 2.5);
 }
 
 TEST_F(WorkerRegistryTest, SilentWorkerIsLostAndHookNamesItsJob) {

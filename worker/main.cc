@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/spec_paths.h"
+#include "common/threads.h"
 #include "common/tls.h"
 #include "worker/confined_files.h"
 #include "worker/daemon/daemon.h"
@@ -56,7 +57,9 @@ ABSL_FLAG(std::string, spec, "", "JobSpec in protobuf text format.");
 ABSL_FLAG(std::string, summary, "", "Write the JSON run summary here.");
 ABSL_FLAG(int, threads, 0,
           "Compute threads per worker process (LibTorch and OpenBLAS); 0: the "
-          "spec's resources.threads_per_worker, else cores / workers.");
+          "spec's resources.threads_per_worker, else cores / workers. The "
+          "cores are the CPUs this process may run on, within its cgroups' "
+          "CPU quota (a container's CPU limit): whole cores of it, at least 1.");
 ABSL_FLAG(int, timeout_s, 120,
           "Bound on every transfer wait; a dead or silent peer stops the job "
           "within this many seconds.");
@@ -110,6 +113,14 @@ int ExitCodeFor(const absl::Status& s) {
   return kExitFailed;
 }
 
+// The CPUs this process may run on (its affinity mask, else every online
+// one) within its cgroups' CPU quota.
+int CoresWithinQuota(double quota) {
+  int cpus = apapo::worker::ThisProcessCores().size;
+  if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return apapo::ThreadsWithin(cpus, quota);
+}
+
 void BoundComputeThreads(int threads) {
   at::set_num_threads(threads);
   using SetThreads = void (*)(int);
@@ -138,7 +149,7 @@ int RunLocal(const apapo::v1::JobSpec& spec, int workers, int threads) {
 }
 
 // The coordinator-connected daemon: runs until SIGINT/SIGTERM.
-int RunDaemon(int threads) {
+int RunDaemon(int threads, double cpu_quota) {
   // SIGINT/SIGTERM are taken by one thread; block them before any other
   // thread starts (the stage children get a clean mask before exec).
   sigset_t signals;
@@ -161,6 +172,7 @@ int RunDaemon(int threads) {
   const apapo::worker::CoreSet cores = apapo::worker::ThisProcessCores();
   info.set_core_set(cores.id);
   info.set_core_set_size(cores.size);
+  info.set_cpu_quota(cpu_quota);
   apapo::v1::Device* cpu = info.add_devices();
   cpu->set_kind("cpu");
   cpu->set_name(hostname);
@@ -277,12 +289,18 @@ int main(int argc, char** argv) {
     return apapo::worker::RunProfileChildMain(absl::GetFlag(FLAGS_run_profile));
   }
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    const double quota = apapo::worker::ThisProcessCpuQuota();
     int threads = absl::GetFlag(FLAGS_threads);
     if (threads <= 0) {
-      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      threads = CoresWithinQuota(quota);
+    } else if (apapo::ThreadsWithin(threads, quota) < threads) {
+      std::fprintf(stderr,
+                   "apapo-worker: --threads=%d is more than the %.2f core(s) of CPU "
+                   "quota this process's cgroups allow; its stages compute with %d\n",
+                   threads, quota, apapo::ThreadsWithin(threads, quota));
     }
     BoundComputeThreads(threads);
-    return RunDaemon(threads);
+    return RunDaemon(threads, quota);
   }
   const std::string spec_path = absl::GetFlag(FLAGS_spec);
   const int local = absl::GetFlag(FLAGS_local);
@@ -304,7 +322,7 @@ int main(int argc, char** argv) {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = spec->resources().threads_per_worker();
   if (threads <= 0) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int cores = CoresWithinQuota(apapo::worker::ThisProcessCpuQuota());
     threads = std::max(1, cores / std::max(1, local));
   }
   return RunLocal(*spec, local, threads);

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/threads.h"
+#include "worker/daemon/cores.h"
 #include "worker/daemon/profiler.h"
 #include "worker/daemon/stage_channel.h"
 #include "worker/stage_runner.h"
@@ -91,8 +93,8 @@ bool ReadMessage(const std::string& path, google::protobuf::Message* m) {
 }  // namespace
 
 int StageThreads(const apapo::v1::JobSpec& spec) {
-  return spec.resources().threads_per_worker() > 0 ? spec.resources().threads_per_worker()
-                                                   : 1;
+  // Read each time: a container's limit may be resized in place.
+  return ThreadsWithin(spec.resources().threads_per_worker(), ThisProcessCpuQuota());
 }
 
 int RunAssignmentChildMain(const std::string& path) {

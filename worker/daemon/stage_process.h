@@ -53,8 +53,10 @@ absl::Status RunAssignment(
 int RunAssignmentChildMain(const std::string& path);
 
 // The compute threads a stage or profiling process of `spec` runs with:
-// spec.resources.threads_per_worker, 1 when 0 (the daemon sets the same in
-// the child's OPENBLAS/OMP/MKL_NUM_THREADS).
+// spec.resources.threads_per_worker, 1 when 0, within this process's CPU
+// quota (apapo::ThreadsWithin; the coordinator counts the same from the
+// quota the daemon registered with). The daemon sets the same in the
+// child's OPENBLAS/OMP/MKL_NUM_THREADS.
 int StageThreads(const apapo::v1::JobSpec& spec);
 
 // The hidden profiling mode of the worker binary (model code never runs in
