@@ -684,6 +684,67 @@ class SharedCoresTest(unittest.TestCase):
             c.close()
 
 
+class CpuLimitTest(unittest.TestCase):
+    """Two daemons, each born in a cpu cgroup of its own that allows one
+    core's time (a container's CPU limit, which no affinity mask shows:
+    both see this machine's every CPU), started without --threads. Each
+    registers the limit and one core; a job asking 2 threads a worker
+    profiles and trains with 1 on each, and is planned so: the two one-core
+    workers fill the machine's 2 CPUs without crowding them, so their
+    profiles stand as measured."""
+
+    def test_daemons_under_a_cpu_limit_compute_and_are_planned_within_it(self):
+        groups = {}
+        for w in ("w-1", "w-2"):
+            try:
+                groups[w] = CpuQuota(1.0)
+            except OSError as e:
+                self.skipTest(f"needs a cpu cgroup to limit the daemons: {e}")
+            self.addCleanup(groups[w].close)
+        c = Cluster(workers=0)
+        self.addCleanup(c.close)  # before the groups' (last in, first out)
+        for w, group in groups.items():
+            born_in_group = ("sh", "-c", f'echo $$ > {group.path}/cgroup.procs && exec "$@"',
+                             "sh")
+            c.add_worker(w, prefix=born_in_group, extra=["--threads=0"])  # the default
+        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+        self.assertEqual({(w.info.worker_id, w.info.cores, round(w.info.cpu_quota, 3))
+                          for w in listed.workers}, {("w-1", 1, 1.0), ("w-2", 1, 1.0)})
+        ctl = subprocess.run([t.binary("cli", "apapoctl"), f"--coordinator=127.0.0.1:{c.port}",
+                              "workers"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(ctl.returncode, 0, ctl.stderr)
+        self.assertRegex(ctl.stdout, r"w-1 +127\.0\.0\.1 +idle +1 +1\.00 ")
+
+        s = spec(steps=60)
+        s.resources.threads_per_worker = 2
+        job_id = c.submit(s)
+        # The first process a daemon starts for the job (profiling) gets the
+        # threads its stages compute with, in its environment.
+        daemon = c.workers["w-2"].proc.pid
+
+        def child_threads():
+            for pid in children_with(daemon, "--run_"):
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                except OSError:
+                    continue  # ended meanwhile
+                if b"OPENBLAS_NUM_THREADS" in env:
+                    return env[b"OPENBLAS_NUM_THREADS"].decode()
+            return None
+        self.assertEqual(t.wait_until(child_threads, 120, "w-2's first child process",
+                                      interval=0.01), "1")
+        job, events = c.run_to_end(job_id)
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        text = "\n".join(events)
+        self.assertNotIn("shares 2 core(s)", text)
+        plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
+        self.assertEqual({(w.worker_id, w.threads) for w in plan.cluster.workers},
+                         {("w-1", 1), ("w-2", 1)})
+        self.assertFalse(any("share cores" in n for n in plan.plan.notes),
+                         list(plan.plan.notes))
+
+
 class TorchScriptJobTest(unittest.TestCase):
     def test_scripted_sequential_trains_through_the_coordinator(self):
         c = Cluster(workers=2)

@@ -54,9 +54,9 @@ class Cluster:
         self.jobs = service_pb2_grpc.JobServiceStub(self.channel)
         self.workers_stub = service_pb2_grpc.WorkerServiceStub(self.channel)
 
-    def add_worker(self, worker_id, prefix=()):
+    def add_worker(self, worker_id, prefix=(), extra=()):
         self.workers[worker_id] = t.start_worker(self.port, worker_id,
-                                                 extra=[self.data_roots], prefix=prefix)
+                                                 extra=[self.data_roots, *extra], prefix=prefix)
 
     def submit(self, s):
         return self.jobs.SubmitJob(service_pb2.SubmitJobRequest(spec=s), timeout=30).job.id
