@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "worker/daemon/cgroup.h"
 
 namespace apapo::worker {
 
@@ -43,12 +44,10 @@ CoreSet MakeCoreSet(absl::string_view boot_id, std::vector<int> cpus);
 // 0 when no limit is set or none can be read.
 double ThisProcessCpuQuota();
 
-// The same from the text of /proc/self/mountinfo and /proc/self/cgroup,
-// with every cgroup file read under `root` ("" for the real one; tests
-// pass a folder holding a fake hierarchy). A limit's file that is missing,
-// unreadable or malformed counts as no limit at its level.
-double CpuQuotaFrom(absl::string_view mountinfo, absl::string_view proc_cgroup,
-                    const std::string& root);
+// The same over `folders` (CgroupFolders(..., "cpu")), each file read
+// through `read`. A limit's file that is missing, unreadable or malformed
+// counts as no limit at its level.
+double CpuQuota(const std::vector<CgroupFolder>& folders, const CgroupReader& read);
 
 // One cgroup file's limit in cores: v2's cpu.max ("QUOTA PERIOD" or
 // "max PERIOD"), or v1's quota and period (microseconds; -1: none).

@@ -3,10 +3,10 @@
 #include <sched.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -65,77 +65,61 @@ TEST(CoresTest, ThisProcessHasItsAffinityMask) {
   EXPECT_EQ(pinned.id.substr(0, pinned.id.find('/')), s.id.substr(0, s.id.find('/')));
 }
 
-// A fake cgroup hierarchy under a temporary folder.
-class CpuQuotaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    root_ = std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
-                                                             : "/tmp") /
-            ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(root_);
-  }
-  void TearDown() override { std::filesystem::remove_all(root_); }
-  void Write(const std::string& path, const std::string& text) {
-    const std::filesystem::path p = root_ / path.substr(1);
-    std::filesystem::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-  std::filesystem::path root_;
-};
+// Cgroup files as a map: path -> text.
+CgroupReader Files(std::map<std::string, std::string> files) {
+  return [files = std::move(files)](const std::string& path) -> std::optional<std::string> {
+    auto it = files.find(path);
+    if (it == files.end()) return std::nullopt;
+    return it->second;
+  };
+}
 
-constexpr char kV2Mounts[] =
-    "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
-constexpr char kV1Mounts[] =
-    "25 24 0:22 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755\n"
-    "26 25 0:23 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:7 - cgroup cgroup "
-    "rw,cpu,cpuacct\n"
-    "27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+std::vector<CgroupFolder> V2(std::vector<std::string> paths) {
+  std::vector<CgroupFolder> folders;
+  for (std::string& p : paths) folders.push_back({std::move(p), true});
+  return folders;
+}
 
-TEST_F(CpuQuotaTest, AContainersLimitIsTheSmallestOnItsPath) {
+TEST(CpuQuotaTest, AContainersLimitIsTheSmallestOnItsPath) {
   // A pod limited to 2.5 CPUs whose container has no limit of its own,
   // under a node-wide slice of 6.
-  Write("/sys/fs/cgroup/kubepods/cpu.max", "600000 100000\n");
-  Write("/sys/fs/cgroup/kubepods/pod1/cpu.max", "250000 100000\n");
-  Write("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "max 100000\n");
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(kV2Mounts, "0::/kubepods/pod1/ctr\n", root_.string()), 2.5);
+  const CgroupReader read = Files({
+      {"/sys/fs/cgroup/kubepods/cpu.max", "600000 100000\n"},
+      {"/sys/fs/cgroup/kubepods/pod1/cpu.max", "250000 100000\n"},
+      {"/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "max 100000\n"},
+  });
+  EXPECT_DOUBLE_EQ(CpuQuota(V2({"/sys/fs/cgroup/kubepods/pod1/ctr",
+                                "/sys/fs/cgroup/kubepods/pod1", "/sys/fs/cgroup/kubepods",
+                                "/sys/fs/cgroup"}),
+                            read),
+                   2.5);
   // The node slice alone binds a process directly in it.
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(kV2Mounts, "0::/kubepods\n", root_.string()), 6);
+  EXPECT_DOUBLE_EQ(CpuQuota(V2({"/sys/fs/cgroup/kubepods", "/sys/fs/cgroup"}), read), 6);
 }
 
-TEST_F(CpuQuotaTest, CgroupV1sCpuControllerCounts) {
-  Write("/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_quota_us", "50000\n");
-  Write("/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_period_us", "100000\n");
-  Write("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
-  Write("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-  const std::string cgroup = "5:memory:/other\n4:cpu,cpuacct:/job\n0::/\n";
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(kV1Mounts, cgroup, root_.string()), 0.5);
+TEST(CpuQuotaTest, CgroupV1sCpuControllerCounts) {
+  const CgroupReader read = Files({
+      {"/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_quota_us", "50000\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_period_us", "100000\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"},
+  });
+  EXPECT_DOUBLE_EQ(CpuQuota({{"/sys/fs/cgroup/cpu,cpuacct/job", false},
+                             {"/sys/fs/cgroup/cpu,cpuacct", false}},
+                            read),
+                   0.5);
 }
 
-TEST_F(CpuQuotaTest, AContainersOwnViewStartsAtItsMount) {
-  // Inside a cgroup namespace the mount's root is the container's cgroup
-  // and /proc/self/cgroup names it "/"; without one, the mount's root is
-  // that cgroup and the process's path runs through it.
-  Write("/sys/fs/cgroup/cpu.max", "150000 100000\n");
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(kV2Mounts, "0::/\n", root_.string()), 1.5);
-  const std::string mounts =
-      "30 24 0:26 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(mounts, "0::/kubepods/pod1\n", root_.string()), 1.5);
-  // A path from another namespace's view: only the mount point is read.
-  EXPECT_DOUBLE_EQ(CpuQuotaFrom(mounts, "0::/elsewhere\n", root_.string()), 1.5);
-}
-
-TEST_F(CpuQuotaTest, NoLimitAndHostileTextReadAsNone) {
-  Write("/sys/fs/cgroup/cpu.max", "max 100000\n");
-  EXPECT_EQ(CpuQuotaFrom(kV2Mounts, "0::/\n", root_.string()), 0);
-  EXPECT_EQ(CpuQuotaFrom("", "", root_.string()), 0);
-  EXPECT_EQ(CpuQuotaFrom("garbage\n- - -\n", "::::\n0::\n", root_.string()), 0);
-  // A path climbing out of its mount is not followed.
-  Write("/etc/cpu.max", "1000 100000\n");
-  EXPECT_EQ(CpuQuotaFrom(kV2Mounts, "0::/../../etc\n", root_.string()), 0);
+TEST(CpuQuotaTest, NoLimitAndHostileTextReadAsNone) {
+  EXPECT_EQ(CpuQuota(V2({"/sys/fs/cgroup"}), Files({{"/sys/fs/cgroup/cpu.max", "max 100000"}})),
+            0);
+  EXPECT_EQ(CpuQuota(V2({"/sys/fs/cgroup"}), Files({})), 0);
+  EXPECT_EQ(CpuQuota({}, Files({})), 0);
   EXPECT_EQ(ParseCpuMax("50000"), 0);
   EXPECT_EQ(ParseCpuMax("-5 100000"), 0);
   EXPECT_EQ(ParseCpuMax("50000 0"), 0);
   EXPECT_EQ(ParseCpuMax("x 100000"), 0);
+  EXPECT_EQ(ParseCpuMax("50000 100000 7"), 0);
   EXPECT_DOUBLE_EQ(ParseCpuMax("50000 100000"), 0.5);
   EXPECT_EQ(ParseCfsQuota("-1", "100000"), 0);
   EXPECT_EQ(ParseCfsQuota("", ""), 0);
