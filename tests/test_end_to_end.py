@@ -328,6 +328,42 @@ class CpuQuota:
         os.rmdir(self.path)
 
 
+class MemoryLimit:
+    """A memory cgroup limiting what the processes born in it hold to
+    `limit` bytes: cgroup v1's memory controller, or v2's where the host
+    runs v2 alone; OSError where neither can be made. close() moves
+    whatever is left to the parent and removes the group."""
+
+    def __init__(self, limit):
+        name = f"apapo-test-{os.getpid()}-mem"
+        if os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+            self.parent, limit_file = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            self.parent, limit_file = "/sys/fs/cgroup", "memory.max"
+            with open(os.path.join(self.parent, "cgroup.controllers")) as f:
+                if "memory" not in f.read().split():
+                    raise OSError("no memory controller in cgroup v1 or v2")
+        self.path = os.path.join(self.parent, name)
+        os.mkdir(self.path)
+        try:
+            with open(os.path.join(self.path, limit_file), "w") as f:
+                f.write(f"{limit}\n")
+        except OSError:
+            os.rmdir(self.path)
+            raise
+
+    def close(self):
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            left = f.read().split()
+        for pid in left:
+            try:
+                with open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
+                    f.write(f"{pid}\n")
+            except OSError:
+                pass  # ended meanwhile
+        os.rmdir(self.path)
+
+
 def share_of_layers(plan, worker):
     """How many of the plan's layers `worker` runs, a replicated stage's
     layers counted once per copy over its copies."""
@@ -587,6 +623,12 @@ class WorkerHostTest(unittest.TestCase):
             c.close()
 
 
+def born_in(group_path):
+    """A command prefix that starts its command in the cgroup at
+    `group_path` (its cgroup.procs), so that all it starts is born there."""
+    return ("sh", "-c", f'echo $$ > {group_path}/cgroup.procs && exec "$@"', "sh")
+
+
 def children_with(daemon_pid, flag):
     """Child processes of the daemon whose command line has `flag`."""
     return t.child_processes({daemon_pid}, flag)
@@ -684,16 +726,17 @@ class SharedCoresTest(unittest.TestCase):
             c.close()
 
 
-class CpuLimitTest(unittest.TestCase):
-    """Two daemons, each born in a cpu cgroup of its own that allows one
-    core's time (a container's CPU limit, which no affinity mask shows:
-    both see this machine's every CPU), started without --threads. Each
-    registers the limit and one core; a job asking 2 threads a worker
-    profiles and trains with 1 on each, and is planned so: the two one-core
-    workers fill the machine's 2 CPUs without crowding them, so their
-    profiles stand as measured."""
+class CgroupLimitTest(unittest.TestCase):
+    """Daemons born in cgroups that limit them, as a container's limits do:
+    no affinity mask or /proc/meminfo shows those."""
 
     def test_daemons_under_a_cpu_limit_compute_and_are_planned_within_it(self):
+        """Two daemons, each in a cpu cgroup of its own that allows one
+        core's time (both see this machine's every CPU), started without
+        --threads. Each registers the limit and one core; a job asking 2
+        threads a worker profiles and trains with 1 on each, and is planned
+        so: the two one-core workers fill the machine's 2 CPUs without
+        crowding them, so their profiles stand as measured."""
         groups = {}
         for w in ("w-1", "w-2"):
             try:
@@ -704,9 +747,7 @@ class CpuLimitTest(unittest.TestCase):
         c = Cluster(workers=0)
         self.addCleanup(c.close)  # before the groups' (last in, first out)
         for w, group in groups.items():
-            born_in_group = ("sh", "-c", f'echo $$ > {group.path}/cgroup.procs && exec "$@"',
-                             "sh")
-            c.add_worker(w, prefix=born_in_group, extra=["--threads=0"])  # the default
+            c.add_worker(w, prefix=born_in(group.path), extra=["--threads=0"])  # the default
         listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
         self.assertEqual({(w.info.worker_id, w.info.cores, round(w.info.cpu_quota, 3))
                           for w in listed.workers}, {("w-1", 1, 1.0), ("w-2", 1, 1.0)})
@@ -743,6 +784,26 @@ class CpuLimitTest(unittest.TestCase):
                          {("w-1", 1), ("w-2", 1)})
         self.assertFalse(any("share cores" in n for n in plan.plan.notes),
                          list(plan.plan.notes))
+
+    def test_a_daemon_under_a_memory_limit_registers_what_it_may_hold(self):
+        """A daemon born in a memory cgroup of 1 GiB (a container's memory
+        limit; this host's free memory is many times that) registers at
+        most the limit, which the planner takes as its per-worker memory;
+        one beside it, outside the group, registers the host's."""
+        try:
+            group = MemoryLimit(1 << 30)
+        except OSError as e:
+            self.skipTest(f"needs a memory cgroup to limit the daemon: {e}")
+        self.addCleanup(group.close)
+        c = Cluster(workers=1)
+        self.addCleanup(c.close)
+        c.add_worker("w-limited", prefix=born_in(group.path))
+        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+        memory = {w.info.worker_id: w.info.memory_bytes for w in listed.workers}
+        print(f"\nregistered memory: {memory}", flush=True)
+        self.assertGreater(memory["w-limited"], 0)
+        self.assertLessEqual(memory["w-limited"], 1 << 30)
+        self.assertGreater(memory["w-1"], 2 << 30)
 
 
 class TorchScriptJobTest(unittest.TestCase):

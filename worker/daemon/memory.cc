@@ -28,6 +28,16 @@ std::optional<int64_t> Number(const std::optional<std::string>& text) {
   return value;
 }
 
+// The value of `key` in a memory.stat text ("key value" lines); 0 if absent.
+int64_t StatField(absl::string_view stat, absl::string_view key) {
+  for (absl::string_view line : absl::StrSplit(stat, '\n')) {
+    if (!absl::ConsumePrefix(&line, key) || !absl::ConsumePrefix(&line, " ")) continue;
+    int64_t value = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &value) && value > 0) return value;
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::optional<int64_t> ParseMemAvailable(absl::string_view meminfo) {
@@ -40,36 +50,31 @@ std::optional<int64_t> ParseMemAvailable(absl::string_view meminfo) {
   return std::nullopt;
 }
 
-std::optional<int64_t> CgroupHeadroom(
-    absl::string_view proc_self_cgroup,
-    const std::function<std::optional<std::string>(const std::string&)>& read) {
-  std::string path;
-  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
-    if (absl::ConsumePrefix(&line, "0::")) path = std::string(absl::StripAsciiWhitespace(line));
-  }
-  if (path.empty()) return std::nullopt;  // cgroup v1 or none
+std::optional<int64_t> CgroupHeadroom(const std::vector<CgroupFolder>& folders,
+                                      const CgroupReader& read) {
   std::optional<int64_t> headroom;
-  while (true) {
-    const std::string dir = path == "/" ? "" : path;
-    std::optional<std::string> max = read(dir + "/memory.max");
-    std::optional<int64_t> limit = Number(max);  // "max" (no limit) parses as none
-    if (limit.has_value()) {
-      const int64_t used = Number(read(dir + "/memory.current")).value_or(0);
-      const int64_t room = std::max<int64_t>(0, *limit - used);
-      headroom = headroom.has_value() ? std::min(*headroom, room) : room;
-    }
-    if (path == "/" || path.empty()) break;
-    const size_t slash = path.rfind('/');
-    path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+  for (const CgroupFolder& f : folders) {
+    // v2's "max" (no limit) parses as none.
+    std::optional<int64_t> limit =
+        Number(read(f.path + (f.v2 ? "/memory.max" : "/memory.limit_in_bytes")));
+    if (!limit.has_value() || (!f.v2 && *limit >= (int64_t{1} << 62))) continue;
+    // The usage counts the page cache; its inactive files are what the
+    // kernel reclaims first, as kubelet's working set leaves them out.
+    const int64_t usage =
+        Number(read(f.path + (f.v2 ? "/memory.current" : "/memory.usage_in_bytes"))).value_or(0);
+    const int64_t used = std::max<int64_t>(
+        0, usage - StatField(read(f.path + "/memory.stat").value_or(""),
+                             f.v2 ? "inactive_file" : "total_inactive_file"));
+    const int64_t room = std::max<int64_t>(0, *limit - used);
+    headroom = headroom.has_value() ? std::min(*headroom, room) : room;
   }
   return headroom;
 }
 
 int64_t AvailableMemoryBytes() {
   int64_t bytes = ParseMemAvailable(ReadFile("/proc/meminfo").value_or("")).value_or(0);
-  std::optional<int64_t> headroom = CgroupHeadroom(
-      ReadFile("/proc/self/cgroup").value_or(""),
-      [](const std::string& relative) { return ReadFile("/sys/fs/cgroup" + relative); });
+  std::optional<int64_t> headroom =
+      CgroupHeadroom(ThisProcessCgroupFolders("memory"), ReadCgroupFile);
   if (headroom.has_value()) bytes = bytes > 0 ? std::min(bytes, *headroom) : *headroom;
   return bytes;
 }

@@ -1,7 +1,8 @@
 // How much memory this worker may still use: the host's MemAvailable,
-// bounded by the cgroup (v2) limits of this process and its ancestors, so a
-// worker in a container or a systemd slice with MemoryMax= reports what it
-// can really hold, not the host's memory.
+// bounded by the cgroup limits of this process and its ancestors (v2's
+// memory.max, v1's memory.limit_in_bytes), so a worker in a container or a
+// systemd slice with MemoryMax= reports what it can really hold, not the
+// host's memory.
 //
 // Thread-safety: pure functions; AvailableMemoryBytes reads /proc and /sys.
 #ifndef APAPO_WORKER_DAEMON_MEMORY_H_
@@ -11,8 +12,10 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "worker/daemon/cgroup.h"
 
 namespace apapo::worker {
 
@@ -22,13 +25,15 @@ int64_t AvailableMemoryBytes();
 // MemAvailable of a /proc/meminfo text, bytes; nullopt if absent.
 std::optional<int64_t> ParseMemAvailable(absl::string_view meminfo);
 
-// The smallest (memory.max - memory.current) over the cgroup v2 path named
-// in a /proc/self/cgroup text ("0::/a/b") and its ancestors, each read
-// through `read` ("/a/b/memory.max" relative to the cgroup root); nullopt
-// when no level sets a limit.
-std::optional<int64_t> CgroupHeadroom(
-    absl::string_view proc_self_cgroup,
-    const std::function<std::optional<std::string>(const std::string&)>& read);
+// The smallest (limit - usage) over `folders` (CgroupFolders(...,
+// "memory")), each file read through `read`: v2's memory.max and
+// memory.current, v1's memory.limit_in_bytes and memory.usage_in_bytes (a
+// v1 limit of 2^62 bytes or more is v1's "none"), the usage less the
+// inactive page cache of memory.stat (what the kernel reclaims first; v2's
+// inactive_file, v1's total_inactive_file); nullopt when no level sets a
+// limit.
+std::optional<int64_t> CgroupHeadroom(const std::vector<CgroupFolder>& folders,
+                                      const CgroupReader& read);
 
 }  // namespace apapo::worker
 
