@@ -402,7 +402,8 @@ class Scheduler : public WorkerMessageListener {
       const ActiveJob& job, const std::string& worker_id,
       apapo::v1::WorkerResources* res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Per core set, the compute threads of the workers that jobs other than
-  // `job` hold (each its spec's threads_per_worker, else 1).
+  // `job` hold (each its spec's threads_per_worker, else 1, within the
+  // worker's CPU quota: apapo::ThreadsWithin).
   std::map<std::string, int> ThreadsElsewhere(const ActiveJob& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a profile result's core set from the registry and, when the
