@@ -684,6 +684,12 @@ struct LevelContext {
   int inner_fanout;          // n_{l-1} (1 at level 0)
   const LevelTable* inner;   // nullptr at level 0
   double speed;              // level-0 compute speed
+  // One level with workers of different speeds: unit u's speed, fastest
+  // first (the DP's units are the workers in that order). A segment given
+  // y units after m - y before it runs on units [m - y, m): its replicas
+  // split each mini-batch evenly, so the slowest of them, unit m - 1, sets
+  // its pace. nullptr: every unit at `speed`.
+  const std::vector<double>* unit_speeds = nullptr;
   // CPU seconds per byte sent or received (kApapo only; 0 otherwise), at
   // the size of each message (cluster->TransferCpuPerByte).
   double transfer_cpu = 0;
@@ -786,7 +792,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
   const int inner_hi = !counted ? 0 : (ctx.inner == nullptr ? 1 : NS - 1);
 
   std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1),
-      ring(M + 1);
+      ring(M + 1), pv(M + 1), qv(M + 1), rv(M + 1);
   std::vector<int> targ(M + 1);
   for (int y = 1; y <= M; ++y) {
     inv[y] = 1.0 / y;
@@ -874,38 +880,55 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         const bool memory_binds =
             ctx.memory > 0 && ctx.inner == nullptr &&
             StageMemory(ctx.kind, params, acts, ctx.total_workers) > ctx.memory;
+        const bool per_unit = ctx.unit_speeds != nullptr && ctx.inner == nullptr;
         for (int si = inner_lo; si <= inner_hi; ++si) {
-          double base;
-          if (ctx.inner == nullptr) {
-            base = (st.compute[j] - st.compute[k]) / ctx.speed;
-          } else {
-            base = ctx.inner->Value(k, j, ctx.inner->M, si);
-          }
-          if (!(base < kInf)) continue;
-          base += copies;
+          // Compute on one speed-1 unit (level 0), or the inner level's
+          // best time for the segment on one group.
+          const double work = ctx.inner == nullptr
+                                  ? st.compute[j] - st.compute[k]
+                                  : ctx.inner->Value(k, j, ctx.inner->M, si);
+          if (!(work < kInf)) continue;
           // The replicas split the compute (the update included, as the
           // profile counts it in the backward) but each runs all of the
           // update: the rest of it, (1 - 1/y), on top.
-          const double update =
-              ctx.inner == nullptr ? ctx.update_per_param_byte * params / ctx.speed
-                                   : 0;
-          if (pipedream) {
+          const double update_work =
+              ctx.inner == nullptr ? ctx.update_per_param_byte * params : 0;
+          // T(k, j, y) with the replicas at `speed` (outer levels: 1, the
+          // inner table's times already count their workers' speeds).
+          auto price = [&](int y, double speed) {
+            const double base = (ctx.inner == nullptr ? work / speed : work) + copies;
+            const double update = update_work / speed;
+            double v = pipedream ? std::max(base + ar_coef * frac4[y], transfer) * inv[y]
+                                 : std::max(base * inv[y] + update * (1.0 - inv[y]) +
+                                                ar_coef * ring[y],
+                                            transfer * inv[y]);
+            if (ctx.replicas > 0 && y != ctx.replicas) v = kInf;
+            return v;
+          };
+          for (int y = 1; y <= M; ++y) {
+            tv[y] = price(y, ctx.inner == nullptr ? ctx.speed : 1.0);
+          }
+          // Per-unit speeds: T(k, j, y) at speed v is max(P[y] / v + Q[y],
+          // R[y]), the work's share over the speed plus what does not
+          // scale with it (copies, all-reduce), against the transfer.
+          if (per_unit) {
             for (int y = 1; y <= M; ++y) {
-              tv[y] = std::max(base + ar_coef * frac4[y], transfer) * inv[y];
-            }
-          } else {
-            for (int y = 1; y <= M; ++y) {
-              tv[y] = std::max(
-                  base * inv[y] + update * (1.0 - inv[y]) + ar_coef * ring[y],
-                  transfer * inv[y]);
+              if (ctx.replicas > 0 && y != ctx.replicas) {
+                pv[y] = 0;
+                qv[y] = kInf;
+                rv[y] = kInf;
+              } else if (pipedream) {
+                pv[y] = work * inv[y];
+                qv[y] = (copies + ar_coef * frac4[y]) * inv[y];
+                rv[y] = transfer * inv[y];
+              } else {
+                pv[y] = work * inv[y] + update_work * (1.0 - inv[y]);
+                qv[y] = copies * inv[y] + ar_coef * ring[y];
+                rv[y] = transfer * inv[y];
+              }
             }
           }
-          if (ctx.replicas > 0) {
-            for (int y = 1; y <= M; ++y) {
-              if (y != ctx.replicas) tv[y] = kInf;
-            }
-          }
-          if (!memory_binds) {
+          if (!memory_binds && !per_unit) {
             tmin[0] = kInf;
             for (int y = 1; y <= M; ++y) {
               if (tv[y] < tmin[y - 1]) {
@@ -936,24 +959,32 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
               by[m] = y;
               if (bs != nullptr) bs[m] = si;
             };
-            if (memory_binds) {
+            if (memory_binds || per_unit) {
               // Exact but O(M^2): the in-flight depth depends on how many
               // workers remain downstream, ceil((y + M - m) / y) on one
-              // level.
+              // level; with per-unit speeds the segment's pace depends on
+              // m (its slowest unit, m - 1).
               steps += static_cast<int64_t>(M) * (M + 1) / 2;
               for (int m = 1; m <= M; ++m) {
+                const double per_speed = per_unit ? 1.0 / (*ctx.unit_speeds)[m - 1] : 0;
                 for (int y = 1; y <= m; ++y) {
-                  const int downstream = ctx.single_level
-                                             ? ctx.total_workers - m
-                                             : ctx.total_workers;
-                  const int depth = (y + downstream + y - 1) / y;
-                  if (StageMemory(ctx.kind, params, acts, depth) >
-                      ctx.memory) {
-                    continue;
+                  if (memory_binds) {
+                    const int downstream = ctx.single_level
+                                               ? ctx.total_workers - m
+                                               : ctx.total_workers;
+                    const int depth = (y + downstream + y - 1) / y;
+                    if (StageMemory(ctx.kind, params, acts, depth) >
+                        ctx.memory) {
+                      continue;
+                    }
                   }
                   const double prefix =
                       first ? 0.0 : t.value[t.At(r, k, m - y, before)];
-                  const double cand = std::max(prefix, tv[y]);
+                  // The prefix's time only rises with y (fewer units
+                  // before): past best[m] nothing further improves it.
+                  if (prefix >= best[m]) break;
+                  const double cand = std::max(
+                      prefix, per_unit ? std::max(pv[y] * per_speed + qv[y], rv[y]) : tv[y]);
                   if (cand < best[m]) take(m, cand, y);
                 }
               }
@@ -1670,100 +1701,148 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     mean_speed += cluster.speed(worker);
   }
   mean_speed /= cluster.num_workers();
+  // The DP and its plan with every level-0 unit at the mean speed (then
+  // the fastest workers are handed the heaviest stages), or, where
+  // `order` is given (one level only), with unit u being worker order[u]
+  // at its own speed.
+  auto solve = [&](const std::vector<int>* order) -> absl::StatusOr<Plan> {
+    std::vector<double> unit_speeds;
+    if (order != nullptr) {
+      for (int worker : *order) unit_speeds.push_back(cluster.speed(worker));
+    }
+    const int L = cluster.levels.size();
+    std::vector<LevelTable> tables(L);
+    std::vector<int> all_starts;
+    for (int i = 0; i < static_cast<int>(st.sets.size()); ++i) {
+      if (i != st.full) all_starts.push_back(i);
+    }
+    for (int l = 0; l < L; ++l) {
+      LevelContext ctx;
+      ctx.st = &st;
+      ctx.model = options.cost_model;
+      ctx.rho = options.activation_compression_ratio;
+      ctx.bandwidth = cluster.levels[l].bandwidth;
+      ctx.inner_fanout = l == 0 ? 1 : cluster.levels[l - 1].fanout;
+      ctx.inner = l == 0 ? nullptr : &tables[l - 1];
+      ctx.speed = mean_speed;
+      ctx.unit_speeds = order != nullptr && l == 0 ? &unit_speeds : nullptr;
+      ctx.transfer_cpu = options.cost_model == CostModel::kApapo
+                             ? cluster.transfer_cpu_seconds_per_byte
+                             : 0;
+      ctx.cluster = &cluster;
+      ctx.update_per_param_byte =
+          options.cost_model == CostModel::kApapo && st.params[st.full] > 0
+              ? graph.update_seconds() / st.params[st.full]
+              : 0;
+      ctx.memory = cluster.memory_bytes;
+      ctx.total_workers = cluster.num_workers();
+      ctx.single_level = L == 1;
+      ctx.kind = options.schedule;
+      ctx.stage_slots = options.stages > 0 ? options.stages + 1 : 1;
+      ctx.replicas = options.replicas;
+      const bool final_level = l == L - 1;
+      absl::StatusOr<LevelTable> table =
+          SolveLevel(ctx, cluster.levels[l].fanout,
+                     final_level ? std::vector<int>{0} : all_starts, sub, l,
+                     &budget);
+      if (!table.ok()) return table.status();
+      tables[l] = *std::move(table);
+    }
+    const int top_units = cluster.levels[L - 1].fanout;
+    const double value =
+        tables[L - 1].Value(0, st.full, top_units, std::max(0, options.stages));
+    if (!(value < kInf)) {
+      if (options.stages > 0) return NoPlanWithStages(st, sub, options.stages);
+      return NothingFits(graph, cluster, options);
+    }
+    std::vector<int> units(top_units);
+    std::iota(units.begin(), units.end(), 0);
+    std::vector<FlatStage> flat;
+    Flatten(tables, cluster.levels, L - 1, 0, st.full, top_units,
+            std::max(0, options.stages), {units}, &flat);
 
-  const int L = cluster.levels.size();
-  std::vector<LevelTable> tables(L);
-  std::vector<int> all_starts;
-  for (int i = 0; i < static_cast<int>(st.sets.size()); ++i) {
-    if (i != st.full) all_starts.push_back(i);
-  }
-  for (int l = 0; l < L; ++l) {
-    LevelContext ctx;
-    ctx.st = &st;
-    ctx.model = options.cost_model;
-    ctx.rho = options.activation_compression_ratio;
-    ctx.bandwidth = cluster.levels[l].bandwidth;
-    ctx.inner_fanout = l == 0 ? 1 : cluster.levels[l - 1].fanout;
-    ctx.inner = l == 0 ? nullptr : &tables[l - 1];
-    ctx.speed = mean_speed;
-    ctx.transfer_cpu = options.cost_model == CostModel::kApapo
-                           ? cluster.transfer_cpu_seconds_per_byte
-                           : 0;
-    ctx.cluster = &cluster;
-    ctx.update_per_param_byte =
-        options.cost_model == CostModel::kApapo && st.params[st.full] > 0
-            ? graph.update_seconds() / st.params[st.full]
-            : 0;
-    ctx.memory = cluster.memory_bytes;
-    ctx.total_workers = cluster.num_workers();
-    ctx.single_level = L == 1;
-    ctx.kind = options.schedule;
-    ctx.stage_slots = options.stages > 0 ? options.stages + 1 : 1;
-    ctx.replicas = options.replicas;
-    const bool final_level = l == L - 1;
-    absl::StatusOr<LevelTable> table =
-        SolveLevel(ctx, cluster.levels[l].fanout,
-                   final_level ? std::vector<int>{0} : all_starts, sub, l,
-                   &budget);
-    if (!table.ok()) return table.status();
-    tables[l] = *std::move(table);
-  }
-  const int top_units = cluster.levels[L - 1].fanout;
-  const double value =
-      tables[L - 1].Value(0, st.full, top_units, std::max(0, options.stages));
-  if (!(value < kInf)) {
-    if (options.stages > 0) return NoPlanWithStages(st, sub, options.stages);
-    return NothingFits(graph, cluster, options);
-  }
-  std::vector<int> units(top_units);
-  std::iota(units.begin(), units.end(), 0);
-  std::vector<FlatStage> flat;
-  Flatten(tables, cluster.levels, L - 1, 0, st.full, top_units,
-          std::max(0, options.stages), {units}, &flat);
-
-  // Heterogeneous workers: hand the fastest workers to the stages with the
-  // most work per replica, keeping each stage's workers inside the groups
-  // the hierarchy gave it (swap only within level-0 groups).
-  if (cluster.heterogeneous()) {
-    const int group = cluster.levels[0].fanout;
-    absl::flat_hash_map<int, std::vector<std::pair<int, int>>> slots;
-    for (size_t s = 0; s < flat.size(); ++s) {
-      for (size_t r = 0; r < flat[s].workers.size(); ++r) {
-        slots[flat[s].workers[r] / group].push_back({s, r});
+    if (order != nullptr) {
+      for (FlatStage& f : flat) {
+        for (int& unit : f.workers) unit = (*order)[unit];
+      }
+    } else if (cluster.heterogeneous()) {
+      // Several levels: hand the fastest workers to the stages with the most
+      // work per replica, keeping each stage's workers inside the groups the
+      // hierarchy gave it (swap only within level-0 groups).
+      const int group = cluster.levels[0].fanout;
+      absl::flat_hash_map<int, std::vector<std::pair<int, int>>> slots;
+      for (size_t s = 0; s < flat.size(); ++s) {
+        for (size_t r = 0; r < flat[s].workers.size(); ++r) {
+          slots[flat[s].workers[r] / group].push_back({s, r});
+        }
+      }
+      for (auto& [g, list] : slots) {
+        std::vector<int> workers;
+        for (auto [s, r] : list) workers.push_back(flat[s].workers[r]);
+        std::sort(workers.begin(), workers.end(), [&](int a, int b) {
+          return cluster.speed(a) > cluster.speed(b);
+        });
+        std::sort(list.begin(), list.end(), [&](auto a, auto b) {
+          const double la = (st.compute[flat[a.first].j] -
+                             st.compute[flat[a.first].k]) /
+                            flat[a.first].workers.size();
+          const double lb = (st.compute[flat[b.first].j] -
+                             st.compute[flat[b.first].k]) /
+                            flat[b.first].workers.size();
+          return la > lb;
+        });
+        for (size_t q = 0; q < list.size(); ++q) {
+          flat[list[q].first].workers[list[q].second] = workers[q];
+        }
       }
     }
-    for (auto& [g, list] : slots) {
-      std::vector<int> workers;
-      for (auto [s, r] : list) workers.push_back(flat[s].workers[r]);
-      std::sort(workers.begin(), workers.end(), [&](int a, int b) {
-        return cluster.speed(a) > cluster.speed(b);
-      });
-      std::sort(list.begin(), list.end(), [&](auto a, auto b) {
-        const double la = (st.compute[flat[a.first].j] -
-                           st.compute[flat[a.first].k]) /
-                          flat[a.first].workers.size();
-        const double lb = (st.compute[flat[b.first].j] -
-                           st.compute[flat[b.first].k]) /
-                          flat[b.first].workers.size();
-        return la > lb;
-      });
-      for (size_t q = 0; q < list.size(); ++q) {
-        flat[list[q].first].workers[list[q].second] = workers[q];
+    Plan plan;
+    plan.num_states = st.sets.size();
+    plan.exact = st.exact;
+    plan.search = st.search;
+    plan.states_enumerated = budget.enumerated_states();
+    plan.search_bytes = budget.bytes();
+    plan.dp_steps = budget.steps();
+    if (absl::Status s =
+            FinishPlan(graph, w, st, cluster, options, flat, value, &plan);
+        !s.ok()) {
+      return s;
+    }
+    return plan;
+  };
+  absl::StatusOr<Plan> best = solve(nullptr);
+  // Workers of different speeds on one level: also the DP with each
+  // worker's own speed, its units the workers fastest first and slowest
+  // first (the first stages get the fast ones, or the last ones), and the
+  // plan predicted fastest of the three is kept. The unit orders restrict
+  // each stage's replicas to a run of that order, so neither always beats
+  // the mean-speed plan. On several levels the level-0 table stands for
+  // every group alike, and past kMaxWorkersEachAtItsSpeed workers each
+  // solve costs O(M^2) per cut pair instead of O(M) (seconds at 64 on
+  // 2,000-node graphs): the mean speed only.
+  if (best.ok() && cluster.heterogeneous() && cluster.levels.size() == 1 &&
+      cluster.num_workers() <= kMaxWorkersEachAtItsSpeed) {
+    std::vector<int> order(cluster.num_workers());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return cluster.speed(a) > cluster.speed(b);
+    });
+    const double at_mean = best->mini_batches_per_second;
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) std::reverse(order.begin(), order.end());
+      absl::StatusOr<Plan> own = solve(&order);
+      // Past the search budget (or nothing fits this way): the other plans.
+      if (own.ok() && own->mini_batches_per_second > best->mini_batches_per_second) {
+        best = *std::move(own);
+        best->notes.push_back(absl::StrFormat(
+            "workers planned each at its own speed, the %s first: predicted "
+            "%.4g mini-batches/s against %.4g with the DP at their mean speed",
+            pass == 0 ? "fastest" : "slowest", best->mini_batches_per_second, at_mean));
       }
     }
   }
-  Plan plan;
-  plan.num_states = st.sets.size();
-  plan.exact = st.exact;
-  plan.search = st.search;
-  plan.states_enumerated = budget.enumerated_states();
-  plan.search_bytes = budget.bytes();
-  plan.dp_steps = budget.steps();
-  if (absl::Status s =
-          FinishPlan(graph, w, st, cluster, options, flat, value, &plan);
-      !s.ok()) {
-    return s;
-  }
+  if (!best.ok()) return best.status();
+  Plan& plan = *best;
   if (options.stages > 0) {
     plan.notes.push_back(absl::StrFormat(
         "%d stage(s) as asked: the best plan with exactly that many",
@@ -1773,7 +1852,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
     plan.notes.push_back(absl::StrFormat(
         "%d replica(s) per stage as asked", options.replicas));
   }
-  return plan;
+  return best;
 }
 
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

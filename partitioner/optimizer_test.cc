@@ -916,6 +916,44 @@ TEST(OptimizerTest, GivesFastWorkersTheHeaviestStages) {
   EXPECT_EQ(c->speed(heaviest->workers[0]), 2.0);
 }
 
+// Six equal layers on a worker at speed 1 and one at 0.5, over a fast
+// link: at their mean speed (0.75) the DP cuts 3 + 3, and whichever worker
+// gets the slow half binds at 6 s; with each worker's own speed it gives
+// the fast one 4 layers and the slow one 2: 4 s each. Whichever of the two
+// is listed first.
+TEST(OptimizerTest, EachWorkersSpeedEntersTheDp) {
+  Graph g;
+  int prev = -1;
+  for (int i = 0; i < 6; ++i) {
+    Node n;
+    n.id = absl::StrCat("l", i);
+    n.forward_seconds = 1.0 / 3;
+    n.backward_seconds = 2.0 / 3;
+    n.activation_bytes = 1e3;
+    n.parameter_bytes = 1e3;
+    const int v = g.AddNode(n);
+    if (prev >= 0) ASSERT_TRUE(g.AddEdge(prev, v).ok());
+    prev = v;
+  }
+  ASSERT_TRUE(g.Validate().ok());
+  for (const char* speeds : {"1*1.0,1*0.5", "1*0.5,1*1.0"}) {
+    SCOPED_TRACE(speeds);
+    absl::StatusOr<Cluster> c = MakeCluster(2, "2:1e12", "", speeds);
+    ASSERT_TRUE(c.ok()) << c.status();
+    PlannerOptions o;
+    o.activation_compression_ratio = 1;
+    absl::StatusOr<Plan> plan = PlanPipeline(g, *c, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ExpectValidPlan(g, *c, *plan);
+    ASSERT_EQ(plan->stages.size(), 2u);
+    const int fast = c->speed(0) == 1.0 ? 0 : 1;
+    EXPECT_EQ(plan->stages[0].nodes.size(), 4u);
+    EXPECT_EQ(plan->stages[0].workers, std::vector<int>{fast});
+    EXPECT_EQ(plan->stages[1].workers, std::vector<int>{1 - fast});
+    EXPECT_NEAR(plan->bottleneck_seconds, 4.0, 0.01);
+  }
+}
+
 TEST(OptimizerTest, ScalesToSyntheticGraphsAndLargeClusters) {
   struct Case {
     Graph graph;

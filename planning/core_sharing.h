@@ -64,10 +64,9 @@ std::vector<std::vector<int>> CoreSharingSubsets(
     const apapo::v1::ClusterSpec& cluster);
 
 // The worker subsets a planner should weigh when their speeds differ
-// (relative_speed, 1 where unset): the DP partitions as if every worker ran
-// at one speed and then hands the fastest workers the heaviest stages, so
-// a worker much slower than the rest binds the pipeline with whatever
-// stage it is given. Empty when every worker runs at kSlowWorker of the
+// (relative_speed, 1 where unset): whether the DP prices each worker at its
+// own speed or at their mean (partitioner/optimizer.h), a worker much
+// slower than the rest binds the pipeline with whatever stage it is given. Empty when every worker runs at kSlowWorker of the
 // fastest or more; otherwise every worker, then those at or above each of
 // kSlowWorker, 1/2 and 1/4 of the fastest that leaves a different set.
 // Indices ascending, each subset once.
