@@ -3,8 +3,9 @@
 // becomes the partitioner's graph (GraphFromProfile validates it), the
 // measured links become network levels. Nothing a worker sends may crash
 // the coordinator. Profiles of up to 12 nodes are also planned end to end on
-// the reported cluster (bigger DAGs are bounded by the planner's own limits;
-// their planning time is a benchmark's matter, not a fuzzer's).
+// the reported cluster, its workers at speeds the input sets (bigger DAGs
+// are bounded by the planner's own limits; their planning time is a
+// benchmark's matter, not a fuzzer's).
 
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     apapo::v1::WorkerResources* w = cluster.add_workers();
     *w = r.resources();
     w->set_worker_id(workers[index]);
+    // Speeds differ per worker as the input's first bytes say (what each
+    // worker's profile reads as), so the per-worker DP runs too.
+    const double reported = w->relative_speed() != 0 ? w->relative_speed() : 1.0;
+    w->set_relative_speed(reported * (0.05 + data[index % size] / 64.0));
   }
   for (const auto& level : levels.levels) *cluster.add_levels() = level;
   if (levels.levels.empty()) {
