@@ -785,6 +785,50 @@ class CgroupLimitTest(unittest.TestCase):
         self.assertFalse(any("share cores" in n for n in plan.plan.notes),
                          list(plan.plan.notes))
 
+    def test_a_daemon_limited_to_half_a_core_is_planned_at_its_own_speed(self):
+        """w-2 is born in a cpu cgroup allowing half a core (a container
+        limited to 0.5 CPU: a permanently slower worker), w-1 is not. w-2
+        registers the limit, profiles at about half w-1's speed (twice: it
+        is slow alone too), and the job is planned with each worker at its
+        own speed: w-1 gets the larger part of the model, so both stages
+        compute for about as long per mini-batch. At their mean speed the
+        DP would split the model evenly and w-2's half would take about
+        twice w-1's. The job trains to the end and nothing is left."""
+        try:
+            group = CpuQuota(0.5)
+        except OSError as e:
+            self.skipTest(f"needs a cpu cgroup to limit w-2: {e}")
+        self.addCleanup(group.close)
+        c = Cluster(workers=1)
+        self.addCleanup(c.close)
+        c.add_worker("w-2", prefix=born_in(group.path))
+        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+        self.assertEqual({w.info.worker_id: round(w.info.cpu_quota, 3) for w in listed.workers},
+                         {"w-1": 0.0, "w-2": 0.5})
+        s = spec(steps=100)
+        s.model.builtin.hyper_parameters["hidden"].i = 2048
+        job, events = c.run_to_end(c.submit(s))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.error)
+        got = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
+        speeds = {w.worker_id: w.relative_speed for w in got.cluster.workers}
+        print(f"\nplanned speeds: {speeds}\n{describe_stages(got.plan)}\n" +
+              "\n".join(n for n in got.plan.notes if "speed" in n) + "\n" +
+              "\n".join(e for e in events if e.startswith("plan checked")), flush=True)
+        # A half-core worker, give or take this machine's noise.
+        self.assertLess(speeds["w-2"], 0.75 * speeds["w-1"], speeds)
+        self.assertTrue(any("workers planned each at its own speed" in n
+                            for n in got.plan.notes), list(got.plan.notes))
+        compute = {p.worker_id: st.compute_seconds for st in got.plan.stages
+                   for p in st.placement}
+        self.assertEqual(set(compute), {"w-1", "w-2"}, describe_stages(got.plan))
+        self.assertLess(max(compute.values()) / min(compute.values()), 1.5,
+                        describe_stages(got.plan))
+        self.assertGreater(share_of_layers(got.plan, "w-1"), share_of_layers(got.plan, "w-2"),
+                           describe_stages(got.plan))
+        t.wait_until(lambda: not t.child_processes(
+            {w.proc.pid for w in c.workers.values()}, "--run_"),
+            60, "the profiling and stage processes to end")
+
     def test_a_daemon_under_a_memory_limit_registers_what_it_may_hold(self):
         """A daemon born in a memory cgroup of 1 GiB (a container's memory
         limit; this host's free memory is many times that) registers at
