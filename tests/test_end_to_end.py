@@ -730,6 +730,22 @@ class CgroupLimitTest(unittest.TestCase):
     """Daemons born in cgroups that limit them, as a container's limits do:
     no affinity mask or /proc/meminfo shows those."""
 
+    def beside_one_in(self, make_group, worker_id):
+        """(cluster, WorkerInfo by worker id as registered): w-1, and
+        `worker_id` born in the cgroup make_group() makes (skips where none
+        can be made). The test's cleanups close the cluster, then the
+        group."""
+        try:
+            group = make_group()
+        except OSError as e:
+            self.skipTest(f"needs a cgroup to limit {worker_id}: {e}")
+        self.addCleanup(group.close)
+        c = Cluster(workers=1)
+        self.addCleanup(c.close)  # before the group's (last in, first out)
+        c.add_worker(worker_id, prefix=born_in(group.path))
+        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
+        return c, {w.info.worker_id: w.info for w in listed.workers}
+
     def test_daemons_under_a_cpu_limit_compute_and_are_planned_within_it(self):
         """Two daemons, each in a cpu cgroup of its own that allows one
         core's time (both see this machine's every CPU), started without
@@ -794,16 +810,8 @@ class CgroupLimitTest(unittest.TestCase):
         compute for about as long per mini-batch. At their mean speed the
         DP would split the model evenly and w-2's half would take about
         twice w-1's. The job trains to the end and nothing is left."""
-        try:
-            group = CpuQuota(0.5)
-        except OSError as e:
-            self.skipTest(f"needs a cpu cgroup to limit w-2: {e}")
-        self.addCleanup(group.close)
-        c = Cluster(workers=1)
-        self.addCleanup(c.close)
-        c.add_worker("w-2", prefix=born_in(group.path))
-        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
-        self.assertEqual({w.info.worker_id: round(w.info.cpu_quota, 3) for w in listed.workers},
+        c, info = self.beside_one_in(lambda: CpuQuota(0.5), "w-2")
+        self.assertEqual({w: round(i.cpu_quota, 3) for w, i in info.items()},
                          {"w-1": 0.0, "w-2": 0.5})
         s = spec(steps=100)
         s.model.builtin.hyper_parameters["hidden"].i = 2048
@@ -834,16 +842,8 @@ class CgroupLimitTest(unittest.TestCase):
         limit; this host's free memory is many times that) registers at
         most the limit, which the planner takes as its per-worker memory;
         one beside it, outside the group, registers the host's."""
-        try:
-            group = MemoryLimit(1 << 30)
-        except OSError as e:
-            self.skipTest(f"needs a memory cgroup to limit the daemon: {e}")
-        self.addCleanup(group.close)
-        c = Cluster(workers=1)
-        self.addCleanup(c.close)
-        c.add_worker("w-limited", prefix=born_in(group.path))
-        listed = c.workers_stub.ListWorkers(service_pb2.ListWorkersRequest(), timeout=30)
-        memory = {w.info.worker_id: w.info.memory_bytes for w in listed.workers}
+        _, info = self.beside_one_in(lambda: MemoryLimit(1 << 30), "w-limited")
+        memory = {w: i.memory_bytes for w, i in info.items()}
         print(f"\nregistered memory: {memory}", flush=True)
         self.assertGreater(memory["w-limited"], 0)
         self.assertLessEqual(memory["w-limited"], 1 << 30)
