@@ -296,7 +296,8 @@ int main(int argc, char** argv) {
     } else if (apapo::ThreadsWithin(threads, quota) < threads) {
       std::fprintf(stderr,
                    "apapo-worker: --threads=%d is more than the %.2f core(s) of CPU "
-                   "quota this process's cgroups allow; its stages compute with %d\n",
+                   "quota this process's cgroups allow: kept for the daemon; its "
+                   "stages compute with at most %d\n",
                    threads, quota, apapo::ThreadsWithin(threads, quota));
     }
     BoundComputeThreads(threads);
