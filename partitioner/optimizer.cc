@@ -893,40 +893,30 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           // update: the rest of it, (1 - 1/y), on top.
           const double update_work =
               ctx.inner == nullptr ? ctx.update_per_param_byte * params : 0;
-          // T(k, j, y) with the replicas at `speed` (outer levels: 1, the
-          // inner table's times already count their workers' speeds).
-          auto price = [&](int y, double speed) {
-            const double base = (ctx.inner == nullptr ? work / speed : work) + copies;
-            const double update = update_work / speed;
-            double v = pipedream ? std::max(base + ar_coef * frac4[y], transfer) * inv[y]
-                                 : std::max(base * inv[y] + update * (1.0 - inv[y]) +
-                                                ar_coef * ring[y],
-                                            transfer * inv[y]);
-            if (ctx.replicas > 0 && y != ctx.replicas) v = kInf;
-            return v;
-          };
+          // T(k, j, y) with the replicas at speed v is max(P[y] / v + Q[y],
+          // R[y]): the work's share over the speed, plus what does not
+          // scale with it (copies, all-reduce), against the transfer. Outer
+          // levels take v = 1: the inner table's times already count their
+          // workers' speeds.
           for (int y = 1; y <= M; ++y) {
-            tv[y] = price(y, ctx.inner == nullptr ? ctx.speed : 1.0);
-          }
-          // Per-unit speeds: T(k, j, y) at speed v is max(P[y] / v + Q[y],
-          // R[y]), the work's share over the speed plus what does not
-          // scale with it (copies, all-reduce), against the transfer.
-          if (per_unit) {
-            for (int y = 1; y <= M; ++y) {
-              if (ctx.replicas > 0 && y != ctx.replicas) {
-                pv[y] = 0;
-                qv[y] = kInf;
-                rv[y] = kInf;
-              } else if (pipedream) {
-                pv[y] = work * inv[y];
-                qv[y] = (copies + ar_coef * frac4[y]) * inv[y];
-                rv[y] = transfer * inv[y];
-              } else {
-                pv[y] = work * inv[y] + update_work * (1.0 - inv[y]);
-                qv[y] = copies * inv[y] + ar_coef * ring[y];
-                rv[y] = transfer * inv[y];
-              }
+            if (ctx.replicas > 0 && y != ctx.replicas) {
+              pv[y] = 0;
+              qv[y] = kInf;
+              rv[y] = kInf;
+            } else if (pipedream) {
+              pv[y] = work * inv[y];
+              qv[y] = (copies + ar_coef * frac4[y]) * inv[y];
+              rv[y] = transfer * inv[y];
+            } else {
+              pv[y] = work * inv[y] + update_work * (1.0 - inv[y]);
+              qv[y] = copies * inv[y] + ar_coef * ring[y];
+              rv[y] = transfer * inv[y];
             }
+          }
+          // One speed for every unit (per_unit: the scan below prices each).
+          const double per_speed = ctx.inner == nullptr ? 1.0 / ctx.speed : 1.0;
+          for (int y = 1; y <= M; ++y) {
+            tv[y] = std::max(pv[y] * per_speed + qv[y], rv[y]);
           }
           if (!memory_binds && !per_unit) {
             tmin[0] = kInf;
@@ -966,7 +956,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
               // m (its slowest unit, m - 1).
               steps += static_cast<int64_t>(M) * (M + 1) / 2;
               for (int m = 1; m <= M; ++m) {
-                const double per_speed = per_unit ? 1.0 / (*ctx.unit_speeds)[m - 1] : 0;
+                const double unit_speed = per_unit ? 1.0 / (*ctx.unit_speeds)[m - 1] : 0;
                 for (int y = 1; y <= m; ++y) {
                   if (memory_binds) {
                     const int downstream = ctx.single_level
@@ -984,7 +974,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
                   // before): past best[m] nothing further improves it.
                   if (prefix >= best[m]) break;
                   const double cand = std::max(
-                      prefix, per_unit ? std::max(pv[y] * per_speed + qv[y], rv[y]) : tv[y]);
+                      prefix, per_unit ? std::max(pv[y] * unit_speed + qv[y], rv[y]) : tv[y]);
                   if (cand < best[m]) take(m, cand, y);
                 }
               }
