@@ -465,16 +465,18 @@ TEST(OptimizerTest, RespectsMemoryAndSaysWhyNothingFits) {
 // A chain of four layers of 50 ms forward, 100 ms backward, 1 MB of
 // activations and 50 MB of weights each (so replication loses to a
 // pipeline on a slow link).
-Graph HeavyChain() {
+// A chain of `layers` equal layers.
+Graph Chain(int layers, double forward_seconds, double backward_seconds,
+            double activation_bytes, double parameter_bytes) {
   Graph g;
   int prev = -1;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < layers; ++i) {
     Node n;
     n.id = absl::StrCat("l", i);
-    n.forward_seconds = 0.05;
-    n.backward_seconds = 0.1;
-    n.activation_bytes = 1e6;
-    n.parameter_bytes = 50e6;
+    n.forward_seconds = forward_seconds;
+    n.backward_seconds = backward_seconds;
+    n.activation_bytes = activation_bytes;
+    n.parameter_bytes = parameter_bytes;
     const int v = g.AddNode(n);
     if (prev >= 0) EXPECT_TRUE(g.AddEdge(prev, v).ok());
     prev = v;
@@ -482,6 +484,8 @@ Graph HeavyChain() {
   EXPECT_TRUE(g.Validate().ok());
   return g;
 }
+
+Graph HeavyChain() { return Chain(4, 0.05, 0.1, 1e6, 50e6); }
 
 TEST(OptimizerTest, AsyncStagesRunDeepEnoughToHideTheLinksRoundTrip) {
   const Graph g = HeavyChain();
@@ -922,20 +926,7 @@ TEST(OptimizerTest, GivesFastWorkersTheHeaviestStages) {
 // the fast one 4 layers and the slow one 2: 4 s each. Whichever of the two
 // is listed first.
 TEST(OptimizerTest, EachWorkersSpeedEntersTheDp) {
-  Graph g;
-  int prev = -1;
-  for (int i = 0; i < 6; ++i) {
-    Node n;
-    n.id = absl::StrCat("l", i);
-    n.forward_seconds = 1.0 / 3;
-    n.backward_seconds = 2.0 / 3;
-    n.activation_bytes = 1e3;
-    n.parameter_bytes = 1e3;
-    const int v = g.AddNode(n);
-    if (prev >= 0) ASSERT_TRUE(g.AddEdge(prev, v).ok());
-    prev = v;
-  }
-  ASSERT_TRUE(g.Validate().ok());
+  const Graph g = Chain(6, 1.0 / 3, 2.0 / 3, 1e3, 1e3);
   for (const char* speeds : {"1*1.0,1*0.5", "1*0.5,1*1.0"}) {
     SCOPED_TRACE(speeds);
     absl::StatusOr<Cluster> c = MakeCluster(2, "2:1e12", "", speeds);
