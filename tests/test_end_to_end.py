@@ -213,7 +213,50 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(states["w-2"], worker_pb2.WORKER_STATE_LOST, states)
 
 
-class CpuQuota:
+class Cgroup:
+    """A cgroup of this test process for `controller`, its limit files
+    written as given (v1_files on cgroup v1's hierarchy of the controller,
+    v2_files on v2's where the host runs v2 alone, in order); OSError where
+    neither can be made. close() moves whatever is left to the parent and
+    removes the group."""
+
+    _ids = itertools.count(1)  # several groups in one test
+
+    def __init__(self, controller, v1_files, v2_files):
+        name = f"apapo-test-{os.getpid()}-{next(Cgroup._ids)}"
+        v1 = f"/sys/fs/cgroup/{controller}"
+        if os.path.exists(os.path.join(v1, next(iter(v1_files)))):
+            self.parent, files = v1, v1_files
+        else:
+            self.parent, files = "/sys/fs/cgroup", v2_files
+            with open(os.path.join(self.parent, "cgroup.controllers")) as f:
+                if controller not in f.read().split():
+                    raise OSError(f"no {controller} controller in cgroup v1 or v2")
+        self.path = os.path.join(self.parent, name)
+        os.mkdir(self.path)
+        try:
+            for file, value in files.items():
+                self._write(file, value)
+        except OSError:
+            os.rmdir(self.path)
+            raise
+
+    def _write(self, name, value, path=None):
+        with open(os.path.join(path or self.path, name), "w") as f:
+            f.write(f"{value}\n")
+
+    def close(self):
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            left = f.read().split()
+        for pid in left:
+            try:
+                self._write("cgroup.procs", pid, self.parent)
+            except OSError:
+                pass  # ended meanwhile
+        os.rmdir(self.path)
+
+
+class CpuQuota(Cgroup):
     """A cpu cgroup holding the processes put in it to `share` of one core,
     enforced in periods of 4 ms: every burst of compute longer than the
     quota is stretched, however idle the process is between bursts (busy
@@ -223,40 +266,14 @@ class CpuQuota:
     close() moves whatever is left to the parent and removes the group."""
 
     PERIOD_US = 4000
-    _ids = itertools.count(1)  # several groups in one test
 
     def __init__(self, share):
+        quota = int(self.PERIOD_US * share)
+        super().__init__("cpu", {"cpu.cfs_period_us": self.PERIOD_US, "cpu.cfs_quota_us": quota},
+                         {"cpu.max": f"{quota} {self.PERIOD_US}"})
         self._stop = threading.Event()
         self._thread = None
         self._hog = None
-        quota = int(self.PERIOD_US * share)
-        name = f"apapo-test-{os.getpid()}-{next(self._ids)}"
-        if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
-            self.parent = "/sys/fs/cgroup/cpu"
-            self.path = os.path.join(self.parent, name)
-            os.mkdir(self.path)
-            try:
-                self._write("cpu.cfs_period_us", self.PERIOD_US)
-                self._write("cpu.cfs_quota_us", quota)
-            except OSError:
-                os.rmdir(self.path)
-                raise
-        else:
-            self.parent = "/sys/fs/cgroup"
-            with open(os.path.join(self.parent, "cgroup.controllers")) as f:
-                if "cpu" not in f.read().split():
-                    raise OSError("no cpu controller in cgroup v1 or v2")
-            self.path = os.path.join(self.parent, name)
-            os.mkdir(self.path)
-            try:
-                self._write("cpu.max", f"{quota} {self.PERIOD_US}")
-            except OSError:
-                os.rmdir(self.path)
-                raise
-
-    def _write(self, name, value, path=None):
-        with open(os.path.join(path or self.path, name), "w") as f:
-            f.write(f"{value}\n")
 
     def add(self, pid):
         """Moves process `pid`, all its threads, into the group (threads it
@@ -318,50 +335,15 @@ class CpuQuota:
         if self._hog is not None:
             self._hog.kill()
             self._hog.wait()
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            left = f.read().split()
-        for pid in left:
-            try:
-                self._write("cgroup.procs", pid, self.parent)
-            except OSError:
-                pass  # ended meanwhile
-        os.rmdir(self.path)
+        super().close()
 
 
-class MemoryLimit:
+class MemoryLimit(Cgroup):
     """A memory cgroup limiting what the processes born in it hold to
-    `limit` bytes: cgroup v1's memory controller, or v2's where the host
-    runs v2 alone; OSError where neither can be made. close() moves
-    whatever is left to the parent and removes the group."""
+    `limit` bytes (cgroup v1 or v2, as Cgroup)."""
 
     def __init__(self, limit):
-        name = f"apapo-test-{os.getpid()}-mem"
-        if os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-            self.parent, limit_file = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
-        else:
-            self.parent, limit_file = "/sys/fs/cgroup", "memory.max"
-            with open(os.path.join(self.parent, "cgroup.controllers")) as f:
-                if "memory" not in f.read().split():
-                    raise OSError("no memory controller in cgroup v1 or v2")
-        self.path = os.path.join(self.parent, name)
-        os.mkdir(self.path)
-        try:
-            with open(os.path.join(self.path, limit_file), "w") as f:
-                f.write(f"{limit}\n")
-        except OSError:
-            os.rmdir(self.path)
-            raise
-
-    def close(self):
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            left = f.read().split()
-        for pid in left:
-            try:
-                with open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
-                    f.write(f"{pid}\n")
-            except OSError:
-                pass  # ended meanwhile
-        os.rmdir(self.path)
+        super().__init__("memory", {"memory.limit_in_bytes": limit}, {"memory.max": limit})
 
 
 def share_of_layers(plan, worker):
