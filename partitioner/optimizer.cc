@@ -1182,7 +1182,10 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
 // Async schedule: a replica of stage s with d_s micro-batches in flight
 // admits a new one only when one comes back, and each is away for a cycle:
 // its forward and backward on this and every later stage plus its
-// transfers there and back (2 * sum_{t >= s} x_t, as above). So the replica
+// transfers there and back (2 * sum_{t >= s} x_t, as above); a later stage
+// that splits its backward sends the gradients on before its weight
+// gradients (StagePlan::backward_weight_seconds), which the cycle then
+// leaves out. So the replica
 // runs at most d_s micro-batches per cycle: T >= cycle_s * m / (d_s * R_s).
 // Where the depth could not cover the round trips (max_staleness caps it,
 // or memory does), this bound, not the bottleneck stage, sets the pace
@@ -1203,12 +1206,18 @@ void CoverTransferRoundTrips(double bottleneck_seconds, int micro_batches,
 void BoundByInFlightDepth(int micro_batches, Plan* plan) {
   const int p = plan->stages.size();
   const int m = std::max(1, micro_batches);
-  double downstream = 0;  // one micro-batch's compute on stages s..p-1
+  // One micro-batch's compute on stages s+1..p-1 before its gradients
+  // leave each of them (all of it, or without the weight gradients that
+  // a split backward computes after the send).
+  double later = 0;
   double round_trip = 0;  // 2 * sum_{t >= s} x_t, less the buckets' credit
   double credit = 0;      // the buckets' share, seconds
   for (int s = p - 1; s >= 0; --s) {
     const StagePlan& st = plan->stages[s];
-    downstream += st.compute_seconds * st.replicas / m;
+    const double own = st.compute_seconds * st.replicas / m;
+    const double downstream = own + later;
+    const double pass = st.forward_seconds + st.backward_seconds;
+    later += own * (pass > 0 ? 1.0 - std::min(1.0, st.backward_weight_seconds / pass) : 1.0);
     if (s == p - 1 || st.in_flight <= 0) continue;
     if (st.output_bandwidth > 0) {
       const double lent = std::min(std::max(0.0, st.output_burst_bytes), st.output_bytes);
@@ -1386,15 +1395,24 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     // The profile's figures are per mini-batch; one op of the simulator
     // is one micro-batch, 1/m of it.
     const double per_micro = 1.0 / plan->micro_batches;
+    double weight_gradients = 0;  // per micro-batch, as profiled
     for (int v : stage.nodes) {
       stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
       stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
+      if (graph.node(v).parameter_bytes > 0) {
+        weight_gradients += 0.5 * graph.node(v).backward_seconds * per_micro;
+      }
     }
     stage.forward_seconds *= row_scale;
+    const double backward_without_update =
+        std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro);
     stage.backward_seconds =
-        row_scale *
-            std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro) +
-        stage.accumulate_seconds * r * per_micro;
+        row_scale * backward_without_update + stage.accumulate_seconds * r * per_micro;
+    if (options.split_backward && !pipedream && s > 0) {
+      stage.backward_weight_seconds =
+          row_scale * std::min(weight_gradients, backward_without_update) +
+          stage.accumulate_seconds * r * per_micro;
+    }
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
     // A message is one micro-batch's; its CPU per byte grows with its size.

@@ -137,6 +137,11 @@ struct PlannerOptions {
   // spec sets max_staleness; otherwise a plan note names the depth it would
   // take.
   bool deepen_for_links = true;
+  // kApapo: a stage after the first sends its input gradients before it
+  // computes its weight gradients (ScheduleSpec.split_backward), so the
+  // round trip of an upstream stage's micro-batch leaves the later
+  // stages' weight gradients out (StagePlan::backward_weight_seconds).
+  bool split_backward = false;
   // Exactly this many pipeline stages (0: the planner chooses). The DP then
   // keeps, per state and unit count, the best for every count up to it
   // (LevelTable::NS), and plans only with that many; a count the cuts or
@@ -187,6 +192,12 @@ struct StagePlan {
   // speed-1 worker, unreplicated (simulator inputs).
   double forward_seconds = 0;
   double backward_seconds = 0;
+  // Of backward_seconds: what runs after the input gradients are sent
+  // (PlannerOptions::split_backward; 0 on the first stage and without it):
+  // half the backward of the stage's nodes with parameters (a Linear's or
+  // a convolution's weight gradient is one product the size of its input
+  // gradient's) plus the adds of the micro-batches' gradients.
+  double backward_weight_seconds = 0;
   // The stage's share of the optimizer update (Graph::update_seconds, in
   // proportion to its parameters; kApapo only), per mini-batch on one
   // speed-1 worker: every replica runs all of it, at its kUpdate, and

@@ -25,6 +25,9 @@ struct Replica {
   bool arrived = false;  // at the pending kUpdate collective
   double free = 0;
   double busy = 0;
+  // When the last backward's input gradients were ready: its end, less
+  // the weight gradients a split backward computes after sending them.
+  double gradients_ready = 0;
   std::vector<std::pair<double, double>> intervals;
   // Weight-version bookkeeping.
   std::multiset<int64_t> live;
@@ -184,9 +187,17 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         // Posting a receive, enqueueing a send and draining sends take no
         // modelled time: transfers run on their own threads and arrive
         // `comm` after their link direction is free.
-        const double start = std::max(rep.free, ready);
+        // A send of input gradients leaves once they are ready: before
+        // the weight gradients of a split backward (StagePlan::
+        // backward_weight_seconds), which the replica computes meanwhile.
+        const double start = op.type == Op::kSendGradients
+                                 ? std::min(rep.free, rep.gradients_ready)
+                                 : std::max(rep.free, ready);
         const double end = start + duration;
-        rep.free = end;
+        if (op.type == Op::kBackward) {
+          rep.gradients_ready = end - st.backward_weight_seconds / rep.speed;
+        }
+        rep.free = std::max(rep.free, end);
         rep.busy += duration;
         if (duration > 0) rep.intervals.push_back({start, end});
         if (options.record_trace) {
@@ -200,7 +211,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         } else if (op.type == Op::kSendGradients) {
           const StagePlan& in = plan.stages[s - 1];
           gradients_arrive[s][op.micro_batch] =
-              transfer(link_free[{s, rep.index, op.peer, false}], end, in.output_bytes,
+              transfer(link_free[{s, rep.index, op.peer, false}], start, in.output_bytes,
                        in.output_bandwidth, std::max(0.0, in.output_burst_bytes));
         } else if (op.type == Op::kUpdate) {
           update_done[s][op.weight_version] =

@@ -6,7 +6,9 @@
 // Model: a replica runs its ops in program order, one at a time. kForward(j)
 // on stage s starts when stage s-1's kForward(j) finished plus the transfer
 // time of its output (bytes / link bandwidth); kBackward(j) likewise waits for
-// stage s+1's kBackward(j) plus the gradient transfer. Transfers overlap
+// stage s+1's kBackward(j) plus the gradient transfer, or, where stage s+1
+// splits its backward (StagePlan::backward_weight_seconds), for the part
+// of it before the weight gradients plus the transfer. Transfers overlap
 // compute (they run on their own threads in the runtime); the CPU their
 // copies take is in the stage's forward/backward times when the planner
 // charged it. kUpdate is a collective over the stage's replicas lasting one

@@ -10,6 +10,7 @@ namespace apapo {
 namespace partitioner {
 namespace {
 
+using schedule::Op;
 using schedule::ScheduleKind;
 
 // p uniform stages, forward 1 s, backward 2 s, no communication.
@@ -94,6 +95,38 @@ TEST(SimulatorTest, ADeeperAsyncStageHidesTheLinksRoundTrip) {
   EXPECT_NEAR(deep.micro_batches_per_second, 1.0 / 3.0, 0.01);
   EXPECT_EQ(deep.stages[0].max_in_flight, 4);
   EXPECT_EQ(deep.stages[0].max_staleness, 3);
+}
+
+TEST(SimulatorTest, ASplitBackwardSendsItsGradientsBeforeItsWeightGradients) {
+  // The shallow pipeline above (10 s a cycle of 2 micro-batches), with 1 s
+  // of stage 1's 2 s backward computed after its gradients leave: the
+  // cycle is 3 + 2 + (3 - 1) + 2 = 9 s, so 2/9 micro-batches a second;
+  // stage 1 still computes 3 s a micro-batch.
+  Plan plan = UniformPlan(2, 1);
+  plan.stages[0].output_bytes = 2;
+  plan.stages[0].output_bandwidth = 1;
+  plan.stages[1].backward_weight_seconds = 1;
+  SimulationOptions o;
+  o.iterations = 64;
+  o.record_trace = true;
+  absl::StatusOr<SimulationResult> r = Simulate(plan, Flat(2), ScheduleKind::kAsync, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->micro_batches_per_second, 2.0 / 9.0, 0.01);
+  // Each send of stage 1's gradients starts 1 s before its backward ends.
+  int sends = 0;
+  for (size_t i = 0; i + 1 < r->trace.size(); ++i) {
+    const TraceEvent& b = r->trace[i];
+    if (b.stage != 1 || b.op.type != Op::kBackward) continue;
+    for (size_t k = i + 1; k < r->trace.size(); ++k) {
+      const TraceEvent& e = r->trace[k];
+      if (e.stage != 1 || e.op.type != Op::kSendGradients) continue;
+      EXPECT_EQ(e.op.micro_batch, b.op.micro_batch);
+      EXPECT_NEAR(e.start, b.end - 1, 1e-9);
+      ++sends;
+      break;
+    }
+  }
+  EXPECT_EQ(sends, 64);
 }
 
 TEST(SimulatorTest, ALinkCarriesOneTransferAtATimeEachWay) {

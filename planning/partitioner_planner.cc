@@ -174,6 +174,7 @@ absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, in
   options.deepen_for_links = spec.schedule().has_max_staleness();
   options.activation_compression_ratio =
       TransferCompressionRatio(spec.schedule().transfer_precision());
+  options.split_backward = SplitBackwardRequested(spec);
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
@@ -614,6 +615,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   if (!fewer_note.empty()) out.add_notes(fewer_note);
   out.set_transfer_precision(spec.schedule().transfer_precision());
   out.set_skip_zeros(SkipZerosRequested(spec));
+  out.set_split_backward(SplitBackwardRequested(spec));
   if (options.activation_compression_ratio != 1) {
     out.add_notes(
         "activations and gradients cross the cuts in bfloat16: the links "

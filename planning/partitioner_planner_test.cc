@@ -543,6 +543,43 @@ apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t row
 // trips; m micro-batches a mini-batch let stage 0 keep up to m + 1 at the
 // same staleness (one update), each at its rows' measured cost. Auto takes
 // them where predicted >= 1.1x, and leaves a spec's micro_batches alone.
+// A stage after the first that sends its input gradients before its
+// weight gradients (ScheduleSpec.split_backward, the default) takes those
+// out of the upstream stage's round trip: on a link whose round trip
+// whole mini-batches do not cover, the plan is predicted faster and its
+// depth-bound note counts less compute.
+TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(2);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  spec.mutable_schedule()->set_micro_batches(1);
+  const auto cycle_note = [](const apapo::v1::Plan& plan) {
+    for (const std::string& n : plan.notes()) {
+      if (absl::StrContains(n, "do not cover their cycle")) return n;
+    }
+    return std::string("(none)");
+  };
+  auto split = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_TRUE(split->split_backward());
+  spec.mutable_schedule()->set_split_backward(false);
+  auto one = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(one->split_backward());
+  ASSERT_EQ(split->stages_size(), 2);
+  ASSERT_EQ(one->stages_size(), 2);
+  // The same stages; one pass leaves the round trip uncovered.
+  EXPECT_EQ(split->stages(0).node_ids_size(), one->stages(0).node_ids_size());
+  EXPECT_THAT(cycle_note(*one), ::testing::HasSubstr("ms of compute"));
+  // Stage 1 holds half the chain's layers, each with parameters: half its
+  // backward (1/3 of its compute in ChainProfile) leaves the cycle.
+  EXPECT_GT(split->prediction().samples_per_second(),
+            1.05 * one->prediction().samples_per_second())
+      << cycle_note(*one) << " | " << cycle_note(*split);
+}
+
 TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec;
@@ -550,6 +587,10 @@ TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
   // Two stages asked for: unpinned, this link makes the pipeline too small
   // a gain over one worker (ALinkThatCostsTheGainLeavesOneWorker).
   spec.mutable_schedule()->set_stages(2);
+  // Backward in one pass: its weight gradients lengthen the round trip
+  // whole mini-batches leave uncovered (SplitBackwardShortensTheRoundTrip
+  // shortens it, and micro-batches then gain less).
+  spec.mutable_schedule()->set_split_backward(false);
   const auto note = [](const apapo::v1::Plan& plan) {
     for (const std::string& n : plan.notes()) {
       if (absl::StartsWith(n, "micro-batches:")) return n;

@@ -103,7 +103,13 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.forward_seconds += graph->node(v).forward_seconds * per_micro;
       st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
+      if (graph->node(v).parameter_bytes > 0) {
+        st.backward_weight_seconds += 0.5 * graph->node(v).backward_seconds * per_micro;
+      }
     }
+    // What a split backward computes after sending the input gradients
+    // (pt::StagePlan::backward_weight_seconds): none on the first stage.
+    if (!plan.split_backward() || s == 0) st.backward_weight_seconds = 0;
     // Each replica runs the update of all of the stage's parameters at
     // its kUpdate, as the planner charges it; the profile counts it in
     // the backward (pt::StagePlan::update_seconds).
@@ -114,13 +120,17 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
           std::max(0.0, st.backward_seconds - st.update_seconds * per_micro);
     }
     st.forward_seconds *= row_scale;
+    st.backward_weight_seconds =
+        row_scale * std::min(st.backward_weight_seconds, st.backward_seconds);
     st.backward_seconds *= row_scale;
     // A replica's later micro-batches add their gradients into the first's
     // (the planner's StagePlan::accumulate_seconds), spread over its k.
     const double k = static_cast<double>(p.micro_batches) / st.replicas;
     if (k > 1) {
-      st.backward_seconds +=
+      const double adds =
           (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
+      st.backward_seconds += adds;
+      if (st.backward_weight_seconds > 0) st.backward_weight_seconds += adds;
     }
     st.allreduce_bandwidth = cluster.levels[pt::SpanLevel(cluster, st.workers)].bandwidth;
     st.in_flight_depth = stage.in_flight_depth();

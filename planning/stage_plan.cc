@@ -69,7 +69,8 @@ std::string StagePlan::Describe(const apapo::v1::JobSpec& spec,
       schedule.micro_batches_per_iteration, ": ", absl::StrJoin(parts, " | "),
       split_names.empty() ? ""
                           : absl::StrCat(", split ", absl::StrJoin(split_names, " ")),
-      predicting ? ", weight prediction" : "");
+      predicting ? ", weight prediction" : "",
+      split_backward && schedule.num_stages > 1 ? ", split backward" : "");
 }
 
 absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
@@ -121,6 +122,7 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
     out.splits.emplace_back(split.node_id(), split.parts());
   }
   out.skip_zeros = plan.skip_zeros();
+  out.split_backward = plan.split_backward();
   if (absl::Status s = schedule::ValidateScheduleOptions(out.schedule);
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
@@ -135,6 +137,11 @@ bool WeightPredictionRequested(const apapo::v1::JobSpec& spec) {
 
 bool SkipZerosRequested(const apapo::v1::JobSpec& spec) {
   return !spec.schedule().has_skip_zeros() || spec.schedule().skip_zeros();
+}
+
+bool SplitBackwardRequested(const apapo::v1::JobSpec& spec) {
+  return !spec.schedule().has_split_backward() ||
+         spec.schedule().split_backward();
 }
 
 double TransferCompressionRatio(apapo::v1::TransferPrecision precision) {

@@ -50,6 +50,9 @@ struct StagePlan {
   std::vector<std::pair<std::string, int>> splits;
   // ReLU outputs cross the cuts without their zeros (Plan.skip_zeros).
   bool skip_zeros = false;
+  // Stages after the first send input gradients before computing weight
+  // gradients (Plan.split_backward).
+  bool split_backward = false;
   int world_size = 0;  // stage replicas in all
 
   // Global rank of (stage, replica): stage-major.
@@ -76,6 +79,10 @@ bool WeightPredictionRequested(const apapo::v1::JobSpec& spec);
 // Whether ReLU outputs cross the cuts without their zeros (ScheduleSpec.
 // skip_zeros; unset: yes).
 bool SkipZerosRequested(const apapo::v1::JobSpec& spec);
+
+// Whether the stages after the first split their backward (ScheduleSpec.
+// split_backward; unset: yes).
+bool SplitBackwardRequested(const apapo::v1::JobSpec& spec);
 
 // How many times fewer bytes than the profile's float32 activations cross a
 // cut in `precision`: 2 for BFLOAT16, 1 otherwise (the partitioner's

@@ -24,8 +24,10 @@ TEST(StagePlanTest, TwoStagePlanWithSplitAndDefaults) {
       ParsePlan(R"(schedule: SCHEDULE_KIND_ASYNC
                    stages { node_ids: "a" node_ids: "b/0" replicas: 1 }
                    stages { node_ids: "b/1" node_ids: "loss" replicas: 1 }
-                   splits { node_id: "b" parts: 2 })"));
+                   splits { node_id: "b" parts: 2 }
+                   split_backward: true)"));
   ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_TRUE(sp->split_backward);
   EXPECT_EQ(sp->schedule.num_stages, 2);
   EXPECT_TRUE(sp->schedule.replicas.empty());
   // Async without replication: whole mini-batches.
@@ -37,7 +39,7 @@ TEST(StagePlanTest, TwoStagePlanWithSplitAndDefaults) {
   EXPECT_EQ(sp->splits[0].second, 2);
   EXPECT_EQ(sp->Describe(Spec("")),
             "async (auto), 2 stage(s), m=1: [a..b/0] | [b/1..loss], split b/2, "
-            "weight prediction");
+            "weight prediction, split backward");
 }
 
 TEST(StagePlanTest, MicroBatchesPlanThenSpecThenDefault) {

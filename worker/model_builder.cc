@@ -442,7 +442,8 @@ std::vector<std::pair<std::string, at::Tensor>> StageModel::Buffers() const {
 
 absl::StatusOr<StageForward> StageModel::Forward(
     const std::vector<at::Tensor>& inputs,
-    const std::vector<at::Tensor>& params, bool training) {
+    const std::vector<at::Tensor>& params, bool training,
+    bool keep_param_outputs) {
   const size_t want_inputs =
       layout_.is_first ? 2 : layout_.inputs.size();
   if (inputs.size() != want_inputs) {
@@ -486,6 +487,9 @@ absl::StatusOr<StageForward> StageModel::Forward(
         return absl::InternalError(absl::StrCat(
             "stage ", layout_.index, ": node '", k.info->id(), "' produced ",
             c10::str(y.sizes()), ", inferred ", c10::str(at::IntArrayRef(want))));
+      }
+      if (keep_param_outputs && k.num_params > 0 && y.requires_grad()) {
+        out.param_outputs.push_back({y, k.first_param, k.num_params});
       }
       values.push_back(std::move(y));
     }

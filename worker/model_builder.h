@@ -48,6 +48,16 @@ struct StageForward {
   at::Tensor loss;
   at::Tensor logits;
   at::Tensor labels;
+  // With keep_param_outputs: the output of every node with parameters and
+  // its range of `params`, in node order (a split backward takes their
+  // gradients on the way to the inputs, then each node's weight gradients
+  // from its own output alone: stage_executor.cc).
+  struct ParamNodeOutput {
+    at::Tensor output;
+    int first_param = 0;
+    int num_params = 0;
+  };
+  std::vector<ParamNodeOutput> param_outputs;
 };
 
 class StageModel {
@@ -73,7 +83,8 @@ class StageModel {
   // LibTorch errors become INTERNAL / INVALID_ARGUMENT naming the node.
   absl::StatusOr<StageForward> Forward(const std::vector<at::Tensor>& inputs,
                                        const std::vector<at::Tensor>& params,
-                                       bool training);
+                                       bool training,
+                                       bool keep_param_outputs = false);
 
   // BatchNorm running statistics, for checkpoints (may be empty), each
   // named "<node>.<buffer>" ("bn1.running_mean"); the tensors are the

@@ -76,7 +76,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            bool weight_prediction,
                            const std::vector<std::pair<std::string, int>>& splits,
                            apapo::v1::TransferPrecision transfer,
-                           bool skip_zeros) {
+                           bool skip_zeros, bool split_backward) {
   // The job: the fixture's graph and data, its plan: the balanced cut.
   apapo::v1::JobSpec job;
   job.set_name("harness");
@@ -114,6 +114,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   }
   plan.set_schedule(partitioner::ScheduleToProto(sched.kind));
   plan.set_skip_zeros(skip_zeros);
+  plan.set_split_backward(split_backward);
   plan.set_micro_batches(sched.micro_batches_per_iteration);
   int world = 0;
   for (int s = 0; s < sched.num_stages; ++s) {
@@ -138,6 +139,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   result.reports.resize(world);
   result.statuses.resize(world);
   result.records.resize(world);
+  result.traces.resize(world);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> params(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -158,6 +160,10 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
       hooks.configure = [&](ExecutorConfig* c) {
         c->evaluation.every_epochs = 0;
         c->test.record_backwards = record;
+        if (record) {
+          c->trace.warmup_steps = 1;
+          c->trace.steps = steps;
+        }
       };
       hooks.finished = [&](const StageExecutor& exec) {
         result.reports[rank] = exec.Report();
@@ -167,7 +173,12 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
               {exec.parameter_names()[i], exec.parameters()[i]});
         }
       };
-      result.statuses[rank] = RunStage(a, nullptr, nullptr, hooks);
+      result.statuses[rank] = RunStage(
+          a,
+          [&result, rank](const apapo::v1::MetricsReport& m) {
+            if (m.has_trace()) result.traces[rank].push_back(m.trace());
+          },
+          nullptr, hooks);
     });
   }
   for (auto& t : threads) t.join();

@@ -57,6 +57,9 @@ struct PipelineResult {
   std::vector<StageReport> reports;
   std::vector<absl::Status> statuses;
   std::vector<std::vector<BackwardRecord>> records;
+  // Per rank, the measured timelines it shipped (with record: the window
+  // starts after the first step and covers the run).
+  std::vector<std::vector<apapo::v1::StageTrace>> traces;
 };
 
 // Runs a pipeline split by BalancedSplit with one thread per stage replica.
@@ -71,7 +74,7 @@ PipelineResult RunPipeline(
     const std::vector<std::pair<std::string, int>>& splits = {},
     apapo::v1::TransferPrecision transfer =
         apapo::v1::TRANSFER_PRECISION_UNSPECIFIED,
-    bool skip_zeros = true);
+    bool skip_zeros = true, bool split_backward = true);
 
 }  // namespace pipeline_test
 }  // namespace worker

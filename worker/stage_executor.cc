@@ -96,6 +96,8 @@ struct StageExecutor::Impl {
     // (their gradients come back there).
     std::vector<at::Tensor> input_masks, output_masks;
     at::Tensor loss;                  // last: scaled loss
+    // SplitsBackward(): the outputs of the nodes with parameters.
+    std::vector<StageForward::ParamNodeOutput> param_outputs;
   };
   std::map<int64_t, Stash> stash;
   // Posted receives: micro-batch -> the rank its bundle comes from.
@@ -285,12 +287,14 @@ struct StageExecutor::Impl {
     }
     weights->Acquire(v);
     auto fwd = model->Forward(inputs, weights->ComputeWeights(v, global_step),
-                              /*training=*/true);
+                              /*training=*/true,
+                              /*keep_param_outputs=*/SplitsBackward());
     if (!fwd.ok()) return Fail("forward", fwd.status());
     Stash s;
     s.version = v;
     s.inputs = std::move(inputs);
     s.input_masks = std::move(input_masks);
+    s.param_outputs = std::move(fwd->param_outputs);
     if (layout().is_last) {
       progress.AddLoss(fwd->loss.item<double>());
       // d(mini-batch mean)/d(micro-batch mean) = 1/m for equal micro-batches.
@@ -305,7 +309,37 @@ struct StageExecutor::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(const Op& op, int64_t version_base) {
+  // The gradients of micro-batch j's float inputs (`input_target` indexes
+  // `grads` per input, -1: none; zeros where autograd gave none), for the
+  // send that follows the backward.
+  void KeepInputGrads(int64_t j, const Stash& s, const std::vector<int>& input_target,
+                      const std::vector<at::Tensor>& grads) {
+    std::vector<at::Tensor> out;
+    size_t k = 0;
+    for (size_t i = 0; i < layout().inputs.size(); ++i) {
+      if (layout().inputs[i].dtype != DType::kFloat32) continue;
+      const int target = input_target[k++];
+      at::Tensor g = target >= 0 ? grads[target] : at::Tensor();
+      if (!g.defined()) g = torch::zeros_like(s.inputs[i]);
+      out.push_back(g);
+    }
+    input_grads[j] = {std::move(out), FloatMasks(in_entries, s.input_masks)};
+  }
+
+  // Whether this stage's backward runs in two passes around the send of
+  // its input gradients (ExecutorConfig::split_backward).
+  bool SplitsBackward() const {
+    return config.split_backward && !layout().is_first;
+  }
+
+  // Backward of op.micro_batch. With `send` (SplitsBackward(): the
+  // kSendGradients that follows it in the program), in two passes: the
+  // input gradients and those of the nodes' outputs, then the send, then
+  // each node's weight gradients from its output's gradient alone. A
+  // node's parameters are its own (StageModel gives each kernel its range),
+  // so its output reaches them only through the node itself and the second
+  // pass computes exactly what one pass would.
+  absl::Status Backward(const Op& op, int64_t version_base, const Op* send = nullptr) {
     absl::Time t = absl::Now();
     const int64_t j = op.micro_batch;
     auto sit = stash.find(j);
@@ -355,7 +389,55 @@ struct StageExecutor::Impl {
       }
     }
     std::vector<at::Tensor> grads;
-    if (!roots.empty() && !targets.empty()) {
+    if (send != nullptr) {
+      // Pass 1: the inputs' gradients, and those of the nodes' outputs
+      // (autograd computes no weight gradient no target needs).
+      const size_t first_output = targets.size();
+      std::vector<at::Tensor> pass1(targets.begin() + params.size(), targets.end());
+      for (const auto& po : s.param_outputs) pass1.push_back(po.output);
+      std::vector<at::Tensor> g1;
+      if (!roots.empty() && !pass1.empty()) {
+        try {
+          g1 = torch::autograd::grad(roots, pass1, root_grads, /*retain_graph=*/true,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
+                                                  j, " (input gradients) failed: ", e.what()));
+        }
+      }
+      g1.resize(pass1.size());
+      grads.resize(first_output);
+      for (size_t i = params.size(); i < first_output; ++i) {
+        grads[i] = g1[i - params.size()];
+      }
+      KeepInputGrads(j, s, input_target, grads);
+      report.busy_seconds += Lap(t);
+      // The send, as its own span, while this stage computes on.
+      spans->End();
+      spans->Begin(apapo::v1::SPAN_KIND_SEND, send->micro_batch, global_step);
+      absl::Status sent = Send(*send);
+      spans->End();
+      if (!sent.ok()) return sent;
+      spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
+      t = absl::Now();
+      // Pass 2: each node's weight gradients from its output's gradient.
+      for (size_t n = 0; n < s.param_outputs.size(); ++n) {
+        const at::Tensor& g = g1[first_output - params.size() + n];
+        if (!g.defined()) continue;
+        const auto& po = s.param_outputs[n];
+        std::vector<at::Tensor> own(params.begin() + po.first_param,
+                                    params.begin() + po.first_param + po.num_params);
+        try {
+          std::vector<at::Tensor> gw =
+              torch::autograd::grad({po.output}, own, {g}, /*retain_graph=*/true,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+          for (int q = 0; q < po.num_params; ++q) grads[po.first_param + q] = gw[q];
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
+                                                  j, " (weight gradients) failed: ", e.what()));
+        }
+      }
+    } else if (!roots.empty() && !targets.empty()) {
       try {
         grads = torch::autograd::grad(roots, targets, root_grads,
                                       /*retain_graph=*/false,
@@ -400,18 +482,7 @@ struct StageExecutor::Impl {
       }
       records.push_back(std::move(r));
     }
-    if (!layout().is_first) {
-      std::vector<at::Tensor> out;
-      size_t k = 0;
-      for (size_t i = 0; i < layout().inputs.size(); ++i) {
-        if (layout().inputs[i].dtype != DType::kFloat32) continue;
-        const int target = input_target[k++];
-        at::Tensor g = target >= 0 ? grads[target] : at::Tensor();
-        if (!g.defined()) g = torch::zeros_like(s.inputs[i]);
-        out.push_back(g);
-      }
-      input_grads[j] = {std::move(out), FloatMasks(in_entries, s.input_masks)};
-    }
+    if (!layout().is_first && send == nullptr) KeepInputGrads(j, s, input_target, grads);
     report.max_staleness = std::max(report.max_staleness, weights->newest() - v);
     ++report.backward_micro_batches;
     s = Stash();  // free activations before releasing the version
@@ -513,7 +584,21 @@ struct StageExecutor::Impl {
           st = Send(op);
           break;
         case Op::kBackward:
-          st = Backward(op, version_base);
+          if (SplitsBackward()) {
+            // The program sends the input gradients right after the
+            // backward; the split backward sends them between its passes.
+            Op send;
+            if (!program->Next(&send) || send.type != Op::kSendGradients ||
+                send.micro_batch != op.micro_batch) {
+              st = absl::InternalError(absl::StrCat(
+                  context.label, ": the backward of micro-batch ", op.micro_batch,
+                  " is not followed by the send of its gradients"));
+              break;
+            }
+            st = Backward(op, version_base, &send);
+          } else {
+            st = Backward(op, version_base);
+          }
           break;
         case Op::kAllReduce:
           st = AllReduce();

@@ -336,6 +336,77 @@ TEST(SkipZerosTest, SameWeightsBitForBitInFewerBytes) {
   }
 }
 
+// A stage after the first sends its input gradients between its two
+// backward passes (ExecutorConfig::split_backward): the same gradient of
+// every parameter for every micro-batch, bit for bit, as one pass, and in
+// the measured timeline each such backward is two spans with the send of
+// its gradients between them.
+TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
+  Fixture f = MakeFixture();
+  const apapo::v1::OptimizerSpec spec = Sgd();
+  constexpr int64_t kSteps = 6;
+  schedule::ScheduleOptions gpipe;
+  gpipe.kind = ScheduleKind::kGPipe;
+  gpipe.num_stages = 3;
+  gpipe.micro_batches_per_iteration = 4;
+  schedule::ScheduleOptions async = AsyncTwoStages(2);
+  async.num_stages = 3;
+  for (const schedule::ScheduleOptions& sched : {gpipe, async}) {
+    SCOPED_TRACE(schedule::ScheduleKindName(sched.kind));
+    const bool async = sched.kind == ScheduleKind::kAsync;
+    PipelineResult one = RunPipeline(f, sched, spec, kSteps, /*record=*/true, {}, async, {},
+                                     apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                                     /*skip_zeros=*/true, /*split_backward=*/false);
+    PipelineResult two = RunPipeline(f, sched, spec, kSteps, /*record=*/true, {}, async, {},
+                                     apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                                     /*skip_zeros=*/true, /*split_backward=*/true);
+    for (const auto& st : one.statuses) ASSERT_TRUE(st.ok()) << st;
+    for (const auto& st : two.statuses) ASSERT_TRUE(st.ok()) << st;
+    for (const auto& [name, want] : one.params) {
+      ASSERT_TRUE(two.params.count(name)) << name;
+      EXPECT_TRUE(torch::equal(two.params[name], want)) << name;
+    }
+    ASSERT_EQ(one.records.size(), two.records.size());
+    for (size_t rank = 0; rank < one.records.size(); ++rank) {
+      ASSERT_EQ(one.records[rank].size(), two.records[rank].size()) << rank;
+      ASSERT_FALSE(two.records[rank].empty()) << rank;
+      for (size_t b = 0; b < one.records[rank].size(); ++b) {
+        const BackwardRecord& a = one.records[rank][b];
+        const BackwardRecord& c = two.records[rank][b];
+        ASSERT_EQ(a.micro_batch, c.micro_batch);
+        ASSERT_EQ(a.param_grads.size(), c.param_grads.size());
+        for (size_t i = 0; i < a.param_grads.size(); ++i) {
+          EXPECT_TRUE(torch::equal(a.param_grads[i], c.param_grads[i]))
+              << "rank " << rank << " micro-batch " << a.micro_batch << " param " << i;
+        }
+      }
+    }
+    // Ranks are stage-major: rank s is stage s (nothing replicated).
+    for (int rank = 0; rank < 3; ++rank) {
+      for (const bool split : {false, true}) {
+        const PipelineResult& run = split ? two : one;
+        ASSERT_FALSE(run.traces[rank].empty()) << rank;
+        std::map<int64_t, std::string> pattern;  // micro-batch -> "B", "S" in order
+        for (const apapo::v1::StageTrace& t : run.traces[rank]) {
+          for (const apapo::v1::TraceSpan& span : t.spans()) {
+            if (span.kind() == apapo::v1::SPAN_KIND_BACKWARD) pattern[span.micro_batch()] += "B";
+            // A send after the micro-batch's first backward span: its gradients.
+            if (span.kind() == apapo::v1::SPAN_KIND_SEND && pattern.count(span.micro_batch())) {
+              pattern[span.micro_batch()] += "S";
+            }
+          }
+        }
+        ASSERT_FALSE(pattern.empty()) << rank;
+        const std::string want = rank == 0 ? "B" : split ? "BSB" : "BS";
+        for (const auto& [j, got] : pattern) {
+          EXPECT_EQ(got, want) << "rank " << rank << " micro-batch " << j
+                               << (split ? " split" : " one pass");
+        }
+      }
+    }
+  }
+}
+
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.
