@@ -518,6 +518,17 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   // the replication that beat every whole-layer cut.
   if (may_split && cluster->num_workers() > 1 &&
       options.schedule != apapo::schedule::ScheduleKind::kDataParallel) {
+    // Each split graph weighs micro-batches of its own, from the spec's m:
+    // a cut inside a layer carries more bytes, which whole mini-batches
+    // may leave uncovered where smaller ones hide them. Weighed on the
+    // unsplit graph alone, a split backward's shorter round trip left the
+    // mlp at 100 Mbit/s on whole mini-batches and whole layers, 0.77 of
+    // its unshaped rate, where 2 x 64 with fc3 in 4 parts ran 1.15x that
+    // (bench/cluster, 2026-12-06 11:44).
+    pt::PlannerOptions trial_base = options;
+    if (trial_base.schedule == apapo::schedule::ScheduleKind::kAsync) {
+      trial_base.micro_batches = asked_options->micro_batches;
+    }
     const std::vector<std::string> candidates = pt::SplitCandidates(profile, 0.05);
     for (int parts : {2, 4, 8}) {
       std::vector<std::pair<std::string, int>> trial;
@@ -534,7 +545,13 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
       absl::StatusOr<pt::Graph> split_graph =
           pt::GraphFromProfile(*split_profile, SkipZerosRequested(spec));
       if (!split_graph.ok()) continue;
-      absl::StatusOr<pt::Plan> split_plan = PlanWith(*split_graph, *cluster, options);
+      pt::PlannerOptions trial_options = trial_base;
+      absl::StatusOr<pt::Plan> split_plan = PlanWith(*split_graph, *cluster, trial_options);
+      std::string trial_note;
+      if (split_plan.ok()) {
+        trial_note =
+            WeighMicroBatches(spec, *split_graph, *cluster, &trial_options, &*split_plan);
+      }
       // The best of the part counts, if it beats the unsplit plan by the
       // margin (not each count against the previous one).
       if (split_plan.ok() && split_plan->stages.size() > 1 &&
@@ -544,6 +561,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
         plan = std::move(split_plan);
         graph = std::move(split_graph);
         splits = std::move(trial);
+        options = trial_options;
+        micro_note = std::move(trial_note);
       }
     }
     // Keep only the splits a stage boundary runs through: a layer whose

@@ -33,6 +33,9 @@ Rows (per model and link; `single` once per round, it uses no link):
   stagesN    ours, async on N stages of one replica each (stages4 with
              --layout=2x2: all four workers busy, two to a core)
   ddp        PyTorch DDP, Gloo, rank per host
+  ROW_onepass any of ours (auto_onepass) with every stage's backward in one
+             pass, input gradients sent after the weight gradients
+             (schedule.split_backward false)
   ROW_dense  any of ours (auto_dense, auto_dense_bf16) with ReLU outputs
              crossing whole, zeros included (schedule.skip_zeros false)
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
@@ -403,7 +406,8 @@ def inner(a):
                 numbered(r, "stages") and not (rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN, stagesN; "
-                 f"ours as ROW_dense (zeros cross too), ROW_bf16 (transfers in bfloat16), "
+                 f"ours as ROW_onepass (backward in one pass), ROW_dense (zeros cross too), "
+                 f"ROW_bf16 (transfers in bfloat16), "
                  f"ROW_sN (max_staleness N), "
                  f"ROW_cN (a checkpoint every N steps))")
     try:
