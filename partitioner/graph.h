@@ -35,9 +35,6 @@ struct Node {
   // do not cross a cut (a ReLU's: profile.proto's nonzero_share); 0: every
   // value crosses.
   double nonzero_share = 0;
-  // A Linear layer (NodeProfile.linear): a split backward computes its
-  // weight gradient once a mini-batch (PlannerOptions::split_backward).
-  bool linear = false;
   int line = 0;  // source line in the input file, 0 if unknown
 
   double compute_seconds() const { return forward_seconds + backward_seconds; }

@@ -1344,37 +1344,15 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       stage.update_seconds =
           graph.update_seconds() * stage.parameter_bytes / st.params[st.full];
     }
-    const double adds = static_cast<double>(plan->micro_batches) / r - 1.0;
-    // A split backward on a replica of several micro-batches a mini-batch
-    // computes its Linear nodes' weight gradients (half their backward)
-    // once a mini-batch, over all its rows: at the profiled size's per-row
-    // cost, with no adds for their parameters.
-    double deferred = 0, deferred_params = 0;  // per mini-batch, as profiled
-    if (options.split_backward && !pipedream && adds > 0) {
-      for (int v : stage.nodes) {
-        if (!graph.node(v).linear) continue;
-        deferred += 0.5 * graph.node(v).backward_seconds;
-        deferred_params += graph.node(v).parameter_bytes;
-      }
-      deferred = std::min(deferred, std::max(0.0, compute - stage.update_seconds));
-    }
     if (rescaled) {
-      compute = row_scale * std::max(0.0, compute - stage.update_seconds - deferred) +
-                deferred + stage.update_seconds;
+      compute = row_scale * std::max(0.0, compute - stage.update_seconds) +
+                stage.update_seconds;
     }
     stage.compute_seconds = compute / (r * slowest);
     stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
-    if (deferred > 0 && deferred_params > 0) {
-      plan->notes.push_back(absl::StrFormat(
-          "stage %d computes its Linear layers' weight gradients once a "
-          "mini-batch over all its micro-batches' rows (split backward): "
-          "%.3g ms at the profiled size's per-row cost, no adds for their "
-          "%.3g MB of parameters",
-          s, 1e3 * deferred, deferred_params / 1e6));
-    }
+    const double adds = static_cast<double>(plan->micro_batches) / r - 1.0;
     if (accumulate > 0 && adds > 0) {
-      stage.accumulate_seconds =
-          adds * std::max(0.0, stage.parameter_bytes - deferred_params) * accumulate;
+      stage.accumulate_seconds = adds * stage.parameter_bytes * accumulate;
       stage.compute_seconds += stage.accumulate_seconds / slowest;
       if (stage.accumulate_seconds >= 5e-4) {
         plan->notes.push_back(absl::StrFormat(
@@ -1428,13 +1406,11 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     stage.forward_seconds *= row_scale;
     const double backward_without_update =
         std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro);
-    const double deferred_micro = std::min(deferred * per_micro, backward_without_update);
-    stage.backward_seconds = row_scale * (backward_without_update - deferred_micro) +
-                             deferred_micro + stage.accumulate_seconds * r * per_micro;
+    stage.backward_seconds =
+        row_scale * backward_without_update + stage.accumulate_seconds * r * per_micro;
     if (options.split_backward && !pipedream && s > 0) {
-      const double weights = std::min(weight_gradients, backward_without_update);
       stage.backward_weight_seconds =
-          row_scale * std::max(0.0, weights - deferred_micro) + deferred_micro +
+          row_scale * std::min(weight_gradients, backward_without_update) +
           stage.accumulate_seconds * r * per_micro;
     }
     // The stage's share of its transfers' copies: activations in and out

@@ -140,7 +140,6 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
     node.activation_bytes = static_cast<double>(n.activation_bytes());
     node.parameter_bytes = static_cast<double>(n.parameter_bytes());
     if (skip_zeros) node.nonzero_share = n.nonzero_share();
-    node.linear = n.linear();
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());

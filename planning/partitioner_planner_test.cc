@@ -909,47 +909,6 @@ TEST(PartitionerPlannerTest, GradientAccumulationIsChargedPerLaterMicroBatch) {
   EXPECT_THAT(hostile.status().message(), ::testing::HasSubstr("accumulate_seconds_per_byte"));
 }
 
-// A split backward on a replica of several micro-batches computes its
-// Linear layers' weight gradients (half their backward) once a mini-batch:
-// charged at the profiled size's per-row cost, with no adds for their
-// parameters. Nodes not marked Linear are charged as before.
-TEST(PartitionerPlannerTest, LinearWeightGradientsAreChargedOnceAMiniBatch) {
-  PartitionerPlanner planner;
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
-  spec.mutable_schedule()->set_stages(2);
-  apapo::v1::ModelProfile profile = WithRowCost(ChainProfile(), 16, 1.5);
-  profile.set_accumulate_seconds_per_byte(1e-10);
-  apapo::v1::ModelProfile linear = profile;
-  for (auto& n : *linear.mutable_nodes()) n.set_linear(true);
-  apapo::v1::JobSpec one_pass = spec;
-  one_pass.mutable_schedule()->set_split_backward(false);
-  auto deferred = planner.MakePlan(spec, linear, TwoWorkers(1e9));
-  auto per_micro = planner.MakePlan(one_pass, linear, TwoWorkers(1e9));
-  auto unmarked = planner.MakePlan(spec, profile, TwoWorkers(1e9));
-  ASSERT_TRUE(deferred.ok() && per_micro.ok() && unmarked.ok());
-  ASSERT_EQ(deferred->micro_batches(), 8);
-  ASSERT_EQ(deferred->stages_size(), 2);
-  ASSERT_EQ(per_micro->stages_size(), 2);
-  // Per stage: 2 layers of 10 + 20 ms, 16-row micro-batches at 1.5x; the
-  // weight gradients' 20 ms at 1x instead (10 ms less) and none of the 7
-  // adds of its 2 x 16 MiB.
-  const double stage_bytes = 2 * 2048.0 * 2048 * 4;
-  for (int s = 0; s < 2; ++s) {
-    EXPECT_NEAR(per_micro->stages(s).compute_seconds() - deferred->stages(s).compute_seconds(),
-                0.5 * 0.02 + 7 * stage_bytes * 1e-10, 1e-9)
-        << s;
-    EXPECT_DOUBLE_EQ(unmarked->stages(s).compute_seconds(),
-                     per_micro->stages(s).compute_seconds())
-        << s;
-  }
-  EXPECT_GT(deferred->prediction().samples_per_second(),
-            per_micro->prediction().samples_per_second());
-  EXPECT_THAT(deferred->notes(), ::testing::Contains(::testing::HasSubstr(
-                                     "weight gradients once a mini-batch")));
-}
-
 // A hostile or broken profile's costs fail the plan naming the field.
 TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
   PartitionerPlanner planner;

@@ -92,7 +92,6 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       auto it = worker_index.find(replica.worker_id());
       st.workers.push_back(it == worker_index.end() ? 0 : it->second);
     }
-    double deferred = 0, deferred_params = 0;  // Linear nodes' weight gradients
     for (const std::string& id : stage.node_ids()) {
       const int v = graph->FindNode(id);
       if (v < 0) {
@@ -107,20 +106,10 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       if (graph->node(v).parameter_bytes > 0) {
         st.backward_weight_seconds += 0.5 * graph->node(v).backward_seconds * per_micro;
       }
-      if (graph->node(v).linear) {
-        deferred += 0.5 * graph->node(v).backward_seconds * per_micro;
-        deferred_params += graph->node(v).parameter_bytes;
-      }
     }
-    // A split backward on a replica of several micro-batches a mini-batch
-    // computes those once a mini-batch over all its rows (the planner's
-    // FinishPlan): at the profiled per-row cost, with no adds for them.
-    const double k = static_cast<double>(p.micro_batches) / st.replicas;
-    if (!plan.split_backward() || k <= 1) deferred = deferred_params = 0;
     // What a split backward computes after sending the input gradients
     // (pt::StagePlan::backward_weight_seconds): none on the first stage.
-    const bool weight_pass = plan.split_backward() && s > 0;
-    if (!weight_pass) st.backward_weight_seconds = 0;
+    if (!plan.split_backward() || s == 0) st.backward_weight_seconds = 0;
     // Each replica runs the update of all of the stage's parameters at
     // its kUpdate, as the planner charges it; the profile counts it in
     // the backward (pt::StagePlan::update_seconds).
@@ -131,21 +120,17 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
           std::max(0.0, st.backward_seconds - st.update_seconds * per_micro);
     }
     st.forward_seconds *= row_scale;
-    deferred = std::min(deferred, st.backward_seconds);
-    if (weight_pass) {
-      st.backward_weight_seconds =
-          row_scale * std::max(0.0, std::min(st.backward_weight_seconds, st.backward_seconds) -
-                                        deferred) +
-          deferred;
-    }
-    st.backward_seconds = row_scale * (st.backward_seconds - deferred) + deferred;
+    st.backward_weight_seconds =
+        row_scale * std::min(st.backward_weight_seconds, st.backward_seconds);
+    st.backward_seconds *= row_scale;
     // A replica's later micro-batches add their gradients into the first's
     // (the planner's StagePlan::accumulate_seconds), spread over its k.
+    const double k = static_cast<double>(p.micro_batches) / st.replicas;
     if (k > 1) {
-      const double adds = (k - 1) / k * std::max(0.0, st.parameter_bytes - deferred_params) *
-                          graph->accumulate_seconds_per_byte();
+      const double adds =
+          (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
       st.backward_seconds += adds;
-      if (weight_pass) st.backward_weight_seconds += adds;
+      if (st.backward_weight_seconds > 0) st.backward_weight_seconds += adds;
     }
     st.allreduce_bandwidth = cluster.levels[pt::SpanLevel(cluster, st.workers)].bandwidth;
     st.in_flight_depth = stage.in_flight_depth();

@@ -266,7 +266,6 @@ apapo::v1::ModelProfile EstimatedProfile(const AnalyzedGraph& graph,
     np->set_parameter_bytes(n.num_params * 4);
     if (n.kind() == apapo::v1::LAYER_KIND_LINEAR && !n.out_shape.empty()) {
       np->set_split_width(n.out_shape.back());
-      np->set_linear(true);
     }
   }
   return p;

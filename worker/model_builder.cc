@@ -489,9 +489,7 @@ absl::StatusOr<StageForward> StageModel::Forward(
             c10::str(y.sizes()), ", inferred ", c10::str(at::IntArrayRef(want))));
       }
       if (keep_param_outputs && k.num_params > 0 && y.requires_grad()) {
-        const bool linear = k.info->kind() == apapo::v1::LAYER_KIND_LINEAR;
-        out.param_outputs.push_back({y, k.first_param, k.num_params, linear,
-                                     linear ? values[k.input_slots[0]] : at::Tensor()});
+        out.param_outputs.push_back({y, k.first_param, k.num_params});
       }
       values.push_back(std::move(y));
     }

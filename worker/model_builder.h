@@ -56,10 +56,6 @@ struct StageForward {
     at::Tensor output;
     int first_param = 0;
     int num_params = 0;
-    // A Linear node (weight, then bias if any): its input, whose rows and
-    // the output's gradient give its weight gradient directly.
-    bool linear = false;
-    at::Tensor input;
   };
   std::vector<ParamNodeOutput> param_outputs;
 };

@@ -109,14 +109,6 @@ struct StageExecutor::Impl {
     std::vector<at::Tensor> masks;
   };
   std::map<int64_t, InputGrads> input_grads;
-  // DefersWeightGradients(): per Linear node (by its first parameter), the
-  // inputs and output gradients of this mini-batch's micro-batches so far.
-  struct DeferredLinear {
-    int num_params = 0;
-    std::vector<at::Tensor> inputs, grads;
-  };
-  std::map<int, DeferredLinear> deferred;
-  int64_t last_backward = -1;  // the micro-batch of the newest backward
   bool stop_requested = false;
   int64_t last_saved_step = -1;
   // Replica 0 of a checkpointing stage: writes its snapshots.
@@ -296,8 +288,7 @@ struct StageExecutor::Impl {
     weights->Acquire(v);
     auto fwd = model->Forward(inputs, weights->ComputeWeights(v, global_step),
                               /*training=*/true,
-                              /*keep_param_outputs=*/SplitsBackward() ||
-                                  DefersWeightGradients());
+                              /*keep_param_outputs=*/SplitsBackward());
     if (!fwd.ok()) return Fail("forward", fwd.status());
     Stash s;
     s.version = v;
@@ -339,50 +330,6 @@ struct StageExecutor::Impl {
   // its input gradients (ExecutorConfig::split_backward).
   bool SplitsBackward() const {
     return config.split_backward && !layout().is_first;
-  }
-
-  // Whether a replica running several micro-batches of each mini-batch
-  // computes its Linear nodes' weight gradients once a mini-batch, over all
-  // of their rows (ExecutorConfig::split_backward): one product of
-  // G^T X with the mini-batch's rows, not one per micro-batch and an add;
-  // a product whose inner dimension is a micro-batch's rows ran the mlp's
-  // weight gradients at 64 rows 1.24x their cost at 128 (bench/cluster,
-  // 2026-12-06 12:01). Not with record_backwards, which keeps every
-  // micro-batch's own gradients.
-  bool DefersWeightGradients() const {
-    return config.split_backward && !config.test.record_backwards &&
-           schedule::MicroBatchesPerReplica(config.schedule.micro_batches_per_iteration,
-                                            config.schedule.replicas) > 1;
-  }
-
-  // The deferred weight gradients of the mini-batch, added into grad_acc.
-  absl::Status ComputeDeferredWeightGradients() {
-    for (auto& [first, d] : deferred) {
-      try {
-        torch::NoGradGuard no_grad;
-        const at::Tensor x = at::cat(d.inputs);
-        const at::Tensor g = at::cat(d.grads);
-        const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-        const at::Tensor g2 = g.reshape({-1, g.size(-1)});
-        const at::Tensor gw = g2.t().mm(x2);
-        AddGradient(first, gw);
-        if (d.num_params > 1) AddGradient(first + 1, g2.sum(0));
-        ++report.deferred_weight_gradients;
-      } catch (const std::exception& e) {
-        return absl::InternalError(absl::StrCat(
-            context.label, ": weight gradients of the mini-batch failed: ", e.what()));
-      }
-    }
-    deferred.clear();
-    return absl::OkStatus();
-  }
-
-  void AddGradient(int i, const at::Tensor& g) {
-    if (!grad_acc[i].defined()) {
-      grad_acc[i] = g;
-    } else {
-      grad_acc[i].add_(g);
-    }
   }
 
   // Backward of op.micro_batch. With `send` (SplitsBackward(): the
@@ -442,8 +389,7 @@ struct StageExecutor::Impl {
       }
     }
     std::vector<at::Tensor> grads;
-    last_backward = j;
-    if (send != nullptr || DefersWeightGradients()) {
+    if (send != nullptr) {
       // Pass 1: the inputs' gradients, and those of the nodes' outputs
       // (autograd computes no weight gradient no target needs).
       const size_t first_output = targets.size();
@@ -464,32 +410,21 @@ struct StageExecutor::Impl {
       for (size_t i = params.size(); i < first_output; ++i) {
         grads[i] = g1[i - params.size()];
       }
-      if (send != nullptr) {
-        KeepInputGrads(j, s, input_target, grads);
-        report.busy_seconds += Lap(t);
-        // The send, as its own span, while this stage computes on.
-        spans->End();
-        spans->Begin(apapo::v1::SPAN_KIND_SEND, send->micro_batch, global_step);
-        absl::Status sent = Send(*send);
-        spans->End();
-        if (!sent.ok()) return sent;
-        spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
-        t = absl::Now();
-      }
-      // Pass 2: each node's weight gradients from its output's gradient
-      // (a Linear node's once a mini-batch where they are deferred).
-      const bool defer = DefersWeightGradients();
+      KeepInputGrads(j, s, input_target, grads);
+      report.busy_seconds += Lap(t);
+      // The send, as its own span, while this stage computes on.
+      spans->End();
+      spans->Begin(apapo::v1::SPAN_KIND_SEND, send->micro_batch, global_step);
+      absl::Status sent = Send(*send);
+      spans->End();
+      if (!sent.ok()) return sent;
+      spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
+      t = absl::Now();
+      // Pass 2: each node's weight gradients from its output's gradient.
       for (size_t n = 0; n < s.param_outputs.size(); ++n) {
         const at::Tensor& g = g1[first_output - params.size() + n];
         if (!g.defined()) continue;
         const auto& po = s.param_outputs[n];
-        if (defer && po.linear && po.input.defined()) {
-          DeferredLinear& d = deferred[po.first_param];
-          d.num_params = po.num_params;
-          d.inputs.push_back(po.input.detach());
-          d.grads.push_back(g);
-          continue;
-        }
         std::vector<at::Tensor> own(params.begin() + po.first_param,
                                     params.begin() + po.first_param + po.num_params);
         try {
@@ -567,7 +502,6 @@ struct StageExecutor::Impl {
 
   absl::Status AllReduce() {
     absl::Time t = absl::Now();
-    if (absl::Status st = ComputeDeferredWeightGradients(); !st.ok()) return st;
     FillMissingGradients();
     absl::Status st = transport()->AllReduceSum(context.stage, grad_acc);
     report.comm_exposed_seconds += Lap(t);
@@ -584,7 +518,6 @@ struct StageExecutor::Impl {
                                               produced, " after ",
                                               weights->newest()));
     }
-    if (absl::Status st = ComputeDeferredWeightGradients(); !st.ok()) return st;
     FillMissingGradients();
     try {
       weights->Update(grad_acc, global_step);
@@ -635,16 +568,6 @@ struct StageExecutor::Impl {
     while (program->Next(&op)) {
       absl::Status st;
       const apapo::v1::SpanKind kind = schedule::SpanKindOf(op.type);
-      if ((op.type == Op::kAllReduce || op.type == Op::kUpdate) && !deferred.empty()) {
-        // The mini-batch's deferred weight gradients, as a backward span of
-        // its last micro-batch.
-        absl::Time t = absl::Now();
-        spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, last_backward, global_step);
-        st = ComputeDeferredWeightGradients();
-        spans->End();
-        report.busy_seconds += Lap(t);
-        if (!st.ok()) return st;
-      }
       if (kind != apapo::v1::SPAN_KIND_UNSPECIFIED) {
         spans->Begin(kind, op.micro_batch, global_step);
       }

@@ -407,46 +407,6 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
   }
 }
 
-// Where a replica runs several micro-batches of a mini-batch, a split
-// backward computes each Linear node's weight gradient once a mini-batch
-// over all their rows: the same training as one pass (to rounding), and
-// GPipe's still that of one process.
-TEST(SplitBackwardTest, LinearWeightGradientsOnceAMiniBatch) {
-  Fixture f = MakeFixture();
-  const apapo::v1::OptimizerSpec spec = Sgd();
-  constexpr int64_t kSteps = 6;
-  auto reference = TrainSingleProcess(f, spec, kSteps);
-  schedule::ScheduleOptions gpipe;
-  gpipe.kind = ScheduleKind::kGPipe;
-  gpipe.num_stages = 3;
-  gpipe.micro_batches_per_iteration = 4;
-  schedule::ScheduleOptions async = AsyncTwoStages(2);
-  for (const schedule::ScheduleOptions& sched : {gpipe, async}) {
-    SCOPED_TRACE(schedule::ScheduleKindName(sched.kind));
-    const bool async = sched.kind == ScheduleKind::kAsync;
-    PipelineResult one = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, async, {},
-                                     apapo::v1::TRANSFER_PRECISION_FLOAT32,
-                                     /*skip_zeros=*/true, /*split_backward=*/false);
-    PipelineResult two = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, async, {},
-                                     apapo::v1::TRANSFER_PRECISION_FLOAT32,
-                                     /*skip_zeros=*/true, /*split_backward=*/true);
-    for (const auto& st : one.statuses) ASSERT_TRUE(st.ok()) << st;
-    for (const auto& st : two.statuses) ASSERT_TRUE(st.ok()) << st;
-    for (size_t rank = 0; rank < two.reports.size(); ++rank) {
-      EXPECT_EQ(one.reports[rank].deferred_weight_gradients, 0) << rank;
-      // Every stage holds a Linear node; one each mini-batch at least.
-      EXPECT_GE(two.reports[rank].deferred_weight_gradients, kSteps) << rank;
-    }
-    for (const auto& [name, want] : one.params) {
-      ASSERT_TRUE(two.params.count(name)) << name;
-      EXPECT_TRUE(torch::allclose(two.params[name], want, 0, 1e-6)) << name;
-      if (!async) {
-        EXPECT_TRUE(torch::allclose(two.params[name], reference[name], 0, 1e-5)) << name;
-      }
-    }
-  }
-}
-
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.

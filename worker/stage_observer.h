@@ -33,9 +33,6 @@ struct StageReport {
   int64_t forward_micro_batches = 0;
   int64_t backward_micro_batches = 0;
   int64_t max_staleness = 0;
-  // Linear nodes' weight gradients computed once a mini-batch over all its
-  // micro-batches' rows (split_backward; counted per node and mini-batch).
-  int64_t deferred_weight_gradients = 0;
   int max_weight_versions = 0;
   int64_t steps = 0;
   int64_t resumed_step = 0;  // the checkpoint's step this run started at

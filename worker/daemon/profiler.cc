@@ -682,7 +682,6 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     np->set_description(Describe(node));
     if (node.kind() == apapo::v1::LAYER_KIND_LINEAR) {
       np->set_split_width(node.out_shape.back());  // see plan.proto LayerSplit
-      np->set_linear(true);
     }
     if (times[k].outputs > 0) {
       // Never 0, which would mean "every value crosses".
