@@ -35,6 +35,9 @@ struct Node {
   // do not cross a cut (a ReLU's: profile.proto's nonzero_share); 0: every
   // value crosses.
   double nonzero_share = 0;
+  // NodeProfile.weight_gradients_after_send: half the backward runs after
+  // a split backward's send (StagePlan::backward_weight_seconds).
+  bool weights_after_send = false;
   int line = 0;  // source line in the input file, 0 if unknown
 
   double compute_seconds() const { return forward_seconds + backward_seconds; }

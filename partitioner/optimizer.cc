@@ -1399,7 +1399,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     for (int v : stage.nodes) {
       stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
       stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
-      if (graph.node(v).parameter_bytes > 0) {
+      if (graph.node(v).weights_after_send) {
         weight_gradients += 0.5 * graph.node(v).backward_seconds * per_micro;
       }
     }

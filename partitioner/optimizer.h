@@ -194,9 +194,10 @@ struct StagePlan {
   double backward_seconds = 0;
   // Of backward_seconds: what runs after the input gradients are sent
   // (PlannerOptions::split_backward; 0 on the first stage and without it):
-  // half the backward of the stage's nodes with parameters (a Linear's or
-  // a convolution's weight gradient is one product the size of its input
-  // gradient's) plus the adds of the micro-batches' gradients.
+  // half the backward of the stage's nodes whose weight gradients follow
+  // the send (Node::weights_after_send: a Linear's or a convolution's
+  // weight gradient is one product the size of its input gradient's) plus
+  // the adds of the micro-batches' gradients.
   double backward_weight_seconds = 0;
   // The stage's share of the optimizer update (Graph::update_seconds, in
   // proportion to its parameters; kApapo only), per mini-batch on one

@@ -140,6 +140,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
     node.activation_bytes = static_cast<double>(n.activation_bytes());
     node.parameter_bytes = static_cast<double>(n.parameter_bytes());
     if (skip_zeros) node.nonzero_share = n.nonzero_share();
+    node.weights_after_send = n.weight_gradients_after_send();
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());

@@ -546,8 +546,9 @@ apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t row
 // them where predicted >= 1.1x, and leaves a spec's micro_batches alone.
 // A stage after the first that sends its input gradients before its
 // weight gradients (ScheduleSpec.split_backward, the default) takes those
-// out of the upstream stage's round trip: on a link whose round trip
-// whole mini-batches do not cover, the plan is predicted faster and its
+// of its Linear-like layers (NodeProfile.weight_gradients_after_send) out
+// of the upstream stage's round trip: on a link whose round trip whole
+// mini-batches do not cover, the plan is predicted faster and its
 // depth-bound note counts less compute.
 TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
   PartitionerPlanner planner;
@@ -562,11 +563,18 @@ TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
     }
     return std::string("(none)");
   };
-  auto split = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  // Linear-like layers: their weight gradients may follow the send.
+  apapo::v1::ModelProfile profile = ChainProfile();
+  for (auto& n : *profile.mutable_nodes()) n.set_weight_gradients_after_send(true);
+  auto split = planner.MakePlan(spec, profile, TwoWorkers(1e7));
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_TRUE(split->split_backward());
+  // Layers whose weight gradients come before the send (a transformer
+  // block's, PipeDream's profiles): nothing leaves the cycle.
+  auto unmarked = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(unmarked.ok()) << unmarked.status();
   spec.mutable_schedule()->set_split_backward(false);
-  auto one = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  auto one = planner.MakePlan(spec, profile, TwoWorkers(1e7));
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_FALSE(one->split_backward());
   ASSERT_EQ(split->stages_size(), 2);
@@ -579,6 +587,8 @@ TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
   EXPECT_GT(split->prediction().samples_per_second(),
             1.05 * one->prediction().samples_per_second())
       << cycle_note(*one) << " | " << cycle_note(*split);
+  EXPECT_DOUBLE_EQ(unmarked->prediction().samples_per_second(),
+                   one->prediction().samples_per_second());
 }
 
 // Three equal layers, each splittable column-wise: whole-layer cuts leave
@@ -597,6 +607,7 @@ apapo::v1::ModelProfile ThreeLayers() {
     n->set_activation_bytes(128 * 2048 * 4);
     n->set_parameter_bytes(2048LL * 2048 * 4);
     n->set_split_width(2048);
+    n->set_weight_gradients_after_send(true);
     prev = n->id();
   }
   return p;

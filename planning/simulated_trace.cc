@@ -103,7 +103,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.forward_seconds += graph->node(v).forward_seconds * per_micro;
       st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
-      if (graph->node(v).parameter_bytes > 0) {
+      if (graph->node(v).weights_after_send) {
         st.backward_weight_seconds += 0.5 * graph->node(v).backward_seconds * per_micro;
       }
     }

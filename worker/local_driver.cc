@@ -267,6 +267,9 @@ apapo::v1::ModelProfile EstimatedProfile(const AnalyzedGraph& graph,
     if (n.kind() == apapo::v1::LAYER_KIND_LINEAR && !n.out_shape.empty()) {
       np->set_split_width(n.out_shape.back());
     }
+    if (n.num_params > 0 && WeightGradientsAfterSend(n.kind())) {
+      np->set_weight_gradients_after_send(true);
+    }
   }
   return p;
 }

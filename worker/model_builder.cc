@@ -488,7 +488,8 @@ absl::StatusOr<StageForward> StageModel::Forward(
             "stage ", layout_.index, ": node '", k.info->id(), "' produced ",
             c10::str(y.sizes()), ", inferred ", c10::str(at::IntArrayRef(want))));
       }
-      if (keep_param_outputs && k.num_params > 0 && y.requires_grad()) {
+      if (keep_param_outputs && k.num_params > 0 && y.requires_grad() &&
+          WeightGradientsAfterSend(k.info->kind())) {
         out.param_outputs.push_back({y, k.first_param, k.num_params});
       }
       values.push_back(std::move(y));

@@ -48,10 +48,11 @@ struct StageForward {
   at::Tensor loss;
   at::Tensor logits;
   at::Tensor labels;
-  // With keep_param_outputs: the output of every node with parameters and
-  // its range of `params`, in node order (a split backward takes their
-  // gradients on the way to the inputs, then each node's weight gradients
-  // from its own output alone: stage_executor.cc).
+  // With keep_param_outputs: the output of every node with parameters
+  // whose kind WeightGradientsAfterSend, and its range of `params`, in node
+  // order (a split backward takes their gradients on the way to the
+  // inputs, then each node's weight gradients from its own output alone:
+  // stage_executor.cc).
   struct ParamNodeOutput {
     at::Tensor output;
     int first_param = 0;

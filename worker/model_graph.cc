@@ -402,6 +402,19 @@ absl::StatusOr<ModelGraph> SplitLinearLayers(
   return graph;
 }
 
+bool WeightGradientsAfterSend(apapo::v1::LayerKind kind) {
+  switch (kind) {
+    case apapo::v1::LAYER_KIND_LINEAR:
+    case apapo::v1::LAYER_KIND_CONV2D:
+    case apapo::v1::LAYER_KIND_BATCH_NORM2D:
+    case apapo::v1::LAYER_KIND_EMBEDDING:
+    case apapo::v1::LAYER_KIND_LAYER_NORM:
+      return true;
+    default:
+      return false;
+  }
+}
+
 RowRange SplitPartRows(int64_t width, int parts, int part) {
   // q = width / parts features each, and the first r = width % parts parts
   // one more: part i starts at i q + min(i, r).

@@ -95,6 +95,15 @@ absl::StatusOr<apapo::v1::ModelGraph> SplitLinearLayers(
     apapo::v1::ModelGraph graph,
     const std::vector<std::pair<std::string, int>>& splits);
 
+// Whether a split backward (ScheduleSpec.split_backward) takes this kind's
+// weight gradients after the send of the input gradients, from its
+// output's gradient alone: one operation lies between its parameters and
+// its output (Linear, Conv2d, BatchNorm2d, Embedding, LayerNorm). Other
+// kinds with parameters (a transformer block, a TorchScript child) would
+// repeat their inner input gradients on that path, so their weight
+// gradients come with the input gradients, before the send.
+bool WeightGradientsAfterSend(apapo::v1::LayerKind kind);
+
 // Rows [begin, end) of a tensor's first dimension.
 struct RowRange {
   int64_t begin = 0;

@@ -385,6 +385,18 @@ TEST(ModelGraphTest, LayerKindTableCoversTheProtoEnumOnce) {
   EXPECT_THAT(GraphLayerKinds(), ::testing::UnorderedElementsAreArray(want));
 }
 
+// Kinds whose weight gradients a split backward takes after the send: one
+// operation between parameters and output. A transformer block or a
+// TorchScript child would repeat its inner input gradients on that path.
+TEST(WeightGradientsAfterSendTest, OneOperationKindsOnly) {
+  EXPECT_TRUE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_LINEAR));
+  EXPECT_TRUE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_CONV2D));
+  EXPECT_TRUE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_LAYER_NORM));
+  EXPECT_FALSE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_TRANSFORMER_BLOCK));
+  EXPECT_FALSE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_TORCHSCRIPT_CHILD));
+  EXPECT_FALSE(WeightGradientsAfterSend(apapo::v1::LAYER_KIND_RELU));
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace apapo

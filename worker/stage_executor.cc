@@ -390,11 +390,24 @@ struct StageExecutor::Impl {
     }
     std::vector<at::Tensor> grads;
     if (send != nullptr) {
-      // Pass 1: the inputs' gradients, and those of the nodes' outputs
-      // (autograd computes no weight gradient no target needs).
+      // Pass 1: the inputs' gradients, those of the outputs of the nodes
+      // whose weight gradients follow the send, and the weight gradients
+      // of the other nodes (autograd computes no weight gradient no target
+      // needs).
       const size_t first_output = targets.size();
       std::vector<at::Tensor> pass1(targets.begin() + params.size(), targets.end());
       for (const auto& po : s.param_outputs) pass1.push_back(po.output);
+      std::vector<bool> after_send(params.size(), false);
+      for (const auto& po : s.param_outputs) {
+        for (int q = 0; q < po.num_params; ++q) after_send[po.first_param + q] = true;
+      }
+      std::vector<size_t> before_send;  // params computed in pass 1
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!after_send[i]) {
+          before_send.push_back(i);
+          pass1.push_back(params[i]);
+        }
+      }
       std::vector<at::Tensor> g1;
       if (!roots.empty() && !pass1.empty()) {
         try {
@@ -409,6 +422,10 @@ struct StageExecutor::Impl {
       grads.resize(first_output);
       for (size_t i = params.size(); i < first_output; ++i) {
         grads[i] = g1[i - params.size()];
+      }
+      const size_t first_param_grad = first_output - params.size() + s.param_outputs.size();
+      for (size_t q = 0; q < before_send.size(); ++q) {
+        grads[before_send[q]] = g1[first_param_grad + q];
       }
       KeepInputGrads(j, s, input_target, grads);
       report.busy_seconds += Lap(t);

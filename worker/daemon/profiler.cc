@@ -683,6 +683,9 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     if (node.kind() == apapo::v1::LAYER_KIND_LINEAR) {
       np->set_split_width(node.out_shape.back());  // see plan.proto LayerSplit
     }
+    if (node.num_params > 0 && WeightGradientsAfterSend(node.kind())) {
+      np->set_weight_gradients_after_send(true);
+    }
     if (times[k].outputs > 0) {
       // Never 0, which would mean "every value crosses".
       np->set_nonzero_share(

@@ -75,6 +75,10 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
   // Linear layers may be split column-wise by the planner.
   EXPECT_EQ(measured["fc1"]->split_width(), 64);
   EXPECT_EQ(measured["flatten"]->split_width(), 0);
+  // A split backward computes a Linear layer's weight gradients after the
+  // send; a layer without parameters has none.
+  EXPECT_TRUE(measured["fc1"]->weight_gradients_after_send());
+  EXPECT_FALSE(measured["relu1"]->weight_gradients_after_send());
   // A ReLU's zeros do not cross a cut: the share of its outputs that do is
   // measured (about half at initial weights), other nodes' is not.
   EXPECT_GT(measured["relu1"]->nonzero_share(), 0.2);
