@@ -594,22 +594,8 @@ TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
 // Three equal layers, each splittable column-wise: whole-layer cuts leave
 // 1 | 2 of the work.
 apapo::v1::ModelProfile ThreeLayers() {
-  apapo::v1::ModelProfile p;
-  p.set_model("three");
-  p.set_batch_size(128);
-  std::string prev;
-  for (int i = 0; i < 3; ++i) {
-    auto* n = p.add_nodes();
-    n->set_id("fc" + std::to_string(i));
-    if (!prev.empty()) n->add_inputs(prev);
-    n->set_forward_seconds(0.01);
-    n->set_backward_seconds(0.02);
-    n->set_activation_bytes(128 * 2048 * 4);
-    n->set_parameter_bytes(2048LL * 2048 * 4);
-    n->set_split_width(2048);
-    n->set_weight_gradients_after_send(true);
-    prev = n->id();
-  }
+  apapo::v1::ModelProfile p = Chain("three", 0.02, 2048, 3);
+  for (auto& n : *p.mutable_nodes()) n.set_weight_gradients_after_send(true);
   return p;
 }
 

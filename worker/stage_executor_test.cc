@@ -193,6 +193,17 @@ schedule::ScheduleOptions AsyncTwoStages(int m) {
   return sched;
 }
 
+// Three stages, GPipe with 4 micro-batches and async with 2.
+std::vector<schedule::ScheduleOptions> ThreeStageSchedules() {
+  schedule::ScheduleOptions gpipe;
+  gpipe.kind = ScheduleKind::kGPipe;
+  gpipe.num_stages = 3;
+  gpipe.micro_batches_per_iteration = 4;
+  schedule::ScheduleOptions async = AsyncTwoStages(2);
+  async.num_stages = 3;
+  return {gpipe, async};
+}
+
 struct EquivalenceCase {
   ScheduleKind kind;
   int stages;
@@ -295,10 +306,6 @@ TEST(SkipZerosTest, SameWeightsBitForBitInFewerBytes) {
   Fixture f = MakeFixture();
   const apapo::v1::OptimizerSpec spec = Sgd();
   constexpr int64_t kSteps = 6;
-  schedule::ScheduleOptions gpipe;
-  gpipe.kind = ScheduleKind::kGPipe;
-  gpipe.num_stages = 3;
-  gpipe.micro_batches_per_iteration = 4;
   // The cuts BalancedSplit makes carry ReLU outputs (else nothing is tested).
   auto stages = BalancedSplit(*f.graph, 3);
   ASSERT_TRUE(stages.ok()) << stages.status();
@@ -309,11 +316,9 @@ TEST(SkipZerosTest, SameWeightsBitForBitInFewerBytes) {
     for (const BundleEntry& e : l.outputs) relu_cuts += e.skip_zeros;
   }
   ASSERT_GT(relu_cuts, 0);
-  schedule::ScheduleOptions async = AsyncTwoStages(2);
-  async.num_stages = 3;
   for (auto precision : {apapo::v1::TRANSFER_PRECISION_FLOAT32,
                          apapo::v1::TRANSFER_PRECISION_BFLOAT16}) {
-    for (const schedule::ScheduleOptions& sched : {gpipe, async}) {
+    for (const schedule::ScheduleOptions& sched : ThreeStageSchedules()) {
       SCOPED_TRACE(absl::StrCat(apapo::v1::TransferPrecision_Name(precision), " ",
                                 schedule::ScheduleKindName(sched.kind)));
       const bool async = sched.kind == ScheduleKind::kAsync;
@@ -345,13 +350,7 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
   Fixture f = MakeFixture();
   const apapo::v1::OptimizerSpec spec = Sgd();
   constexpr int64_t kSteps = 6;
-  schedule::ScheduleOptions gpipe;
-  gpipe.kind = ScheduleKind::kGPipe;
-  gpipe.num_stages = 3;
-  gpipe.micro_batches_per_iteration = 4;
-  schedule::ScheduleOptions async = AsyncTwoStages(2);
-  async.num_stages = 3;
-  for (const schedule::ScheduleOptions& sched : {gpipe, async}) {
+  for (const schedule::ScheduleOptions& sched : ThreeStageSchedules()) {
     SCOPED_TRACE(schedule::ScheduleKindName(sched.kind));
     const bool async = sched.kind == ScheduleKind::kAsync;
     PipelineResult one = RunPipeline(f, sched, spec, kSteps, /*record=*/true, {}, async, {},
