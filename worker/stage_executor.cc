@@ -96,7 +96,8 @@ struct StageExecutor::Impl {
     // (their gradients come back there).
     std::vector<at::Tensor> input_masks, output_masks;
     at::Tensor loss;                  // last: scaled loss
-    // SplitsBackward(): the outputs of the nodes with parameters.
+    // SplitsBackward(): the outputs of the nodes whose weight gradients
+    // follow the send (StageForward::param_outputs).
     std::vector<StageForward::ParamNodeOutput> param_outputs;
   };
   std::map<int64_t, Stash> stash;
