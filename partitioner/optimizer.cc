@@ -1217,7 +1217,16 @@ void BoundByInFlightDepth(int micro_batches, Plan* plan) {
     const double own = st.compute_seconds * st.replicas / m;
     const double downstream = own + later;
     const double pass = st.forward_seconds + st.backward_seconds;
-    later += own * (pass > 0 ? 1.0 - std::min(1.0, st.backward_weight_seconds / pass) : 1.0);
+    const double after_send =
+        own * (pass > 0 ? std::min(1.0, st.backward_weight_seconds / pass) : 0.0);
+    later += own - after_send;
+    if (after_send > 0) {
+      plan->notes.push_back(absl::StrFormat(
+          "split backward: stage %d sends its input gradients %.3g ms per "
+          "micro-batch before its backward ends (its weight gradients follow "
+          "the send), which the cycles of the stages before it leave out",
+          s, 1e3 * after_send));
+    }
     if (s == p - 1 || st.in_flight <= 0) continue;
     if (st.output_bandwidth > 0) {
       const double lent = std::min(std::max(0.0, st.output_burst_bytes), st.output_bytes);

@@ -28,6 +28,9 @@ struct Replica {
   // When the last backward's input gradients were ready: its end, less
   // the weight gradients a split backward computes after sending them.
   double gradients_ready = 0;
+  // With record_trace: that backward was recorded as two events (before
+  // and after the send) and the send goes between them.
+  bool send_between = false;
   std::vector<std::pair<double, double>> intervals;
   // Weight-version bookkeeping.
   std::multiset<int64_t> live;
@@ -201,7 +204,19 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
         rep.busy += duration;
         if (duration > 0) rep.intervals.push_back({start, end});
         if (options.record_trace) {
-          result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
+          if (op.type == Op::kBackward && s > 0 && end > rep.gradients_ready &&
+              rep.gradients_ready > start) {
+            // As the runtime's trace shows it: backward, send, backward.
+            result.trace.push_back(TraceEvent{s, rep.index, op, start, rep.gradients_ready});
+            result.trace.push_back(TraceEvent{s, rep.index, op, rep.gradients_ready, end});
+            rep.send_between = true;
+          } else if (op.type == Op::kSendGradients && rep.send_between) {
+            result.trace.insert(result.trace.end() - 1,
+                                TraceEvent{s, rep.index, op, start, end});
+            rep.send_between = false;
+          } else {
+            result.trace.push_back(TraceEvent{s, rep.index, op, start, end});
+          }
         }
         if (op.type == Op::kSendActivations) {
           const StagePlan& out = plan.stages[s];
