@@ -806,8 +806,14 @@ class CgroupLimitTest(unittest.TestCase):
               "\n".join(e for e in events if e.startswith("plan checked")), flush=True)
         # A half-core worker, give or take this machine's noise.
         self.assertLess(speeds["w-2"], 0.75 * speeds["w-1"], speeds)
+        # Each worker at its own speed in the DP, or a column split that
+        # balances the stages as well at the mean speed (the faster worker
+        # then takes the heavier stage): CI on 131c417 took fc2 in 2 parts,
+        # predicted 922 against 844 samples/s, with no per-worker note. The
+        # balance below is what either must give.
         self.assertTrue(any("workers planned each at its own speed" in n
-                            for n in got.plan.notes), list(got.plan.notes))
+                            for n in got.plan.notes) or len(got.plan.splits) > 0,
+                        list(got.plan.notes))
         compute = {p.worker_id: st.compute_seconds for st in got.plan.stages
                    for p in st.placement}
         self.assertEqual(set(compute), {"w-1", "w-2"}, describe_stages(got.plan))
