@@ -180,5 +180,15 @@ double Graph::TotalParameterBytes() const {
   return total;
 }
 
+double AddedGradientBytes(const Graph& graph, const std::vector<int>& nodes,
+                          bool split_backward) {
+  double bytes = 0;
+  for (int v : nodes) {
+    const Node& n = graph.node(v);
+    if (!(split_backward && n.weights_in_product)) bytes += n.parameter_bytes;
+  }
+  return bytes;
+}
+
 }  // namespace partitioner
 }  // namespace apapo

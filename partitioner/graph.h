@@ -38,9 +38,19 @@ struct Node {
   // NodeProfile.weight_gradients_after_send: half the backward runs after
   // a split backward's send (StagePlan::backward_weight_seconds).
   bool weights_after_send = false;
+  // NodeProfile.weight_gradients_in_product: with a split backward, its
+  // later micro-batches' weight gradients cost no add (StagePlan::
+  // accumulate_seconds leaves its parameter_bytes out).
+  bool weights_in_product = false;
   int line = 0;  // source line in the input file, 0 if unknown
 
   double compute_seconds() const { return forward_seconds + backward_seconds; }
+  // What a split backward computes after its send, per mini-batch as
+  // profiled: half the backward of a node whose weight gradients follow it
+  // (its weight gradient is one product the size of its input gradient's).
+  double weight_gradient_seconds() const {
+    return weights_after_send ? 0.5 * backward_seconds : 0.0;
+  }
   // The float32 bytes a cut after this node is charged, before dividing
   // by the wire's compression ratio `rho`: the nonzero values and one bit
   // per value for their mask (which does not shrink with the precision),
@@ -127,6 +137,12 @@ class Graph {
   std::vector<std::pair<double, double>> micro_batch_costs_;
   double accumulate_seconds_per_byte_ = 0;
 };
+
+// The parameter bytes of `nodes` whose later micro-batches' gradients are
+// added into the first's by an add of their own: all of them, or with a
+// split backward those of the nodes not Node::weights_in_product.
+double AddedGradientBytes(const Graph& graph, const std::vector<int>& nodes,
+                          bool split_backward);
 
 }  // namespace partitioner
 }  // namespace apapo

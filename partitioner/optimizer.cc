@@ -1361,14 +1361,16 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
     const double adds = static_cast<double>(plan->micro_batches) / r - 1.0;
     if (accumulate > 0 && adds > 0) {
-      stage.accumulate_seconds = adds * stage.parameter_bytes * accumulate;
+      const double added_bytes =
+          AddedGradientBytes(graph, stage.nodes, options.split_backward);
+      stage.accumulate_seconds = adds * added_bytes * accumulate;
       stage.compute_seconds += stage.accumulate_seconds / slowest;
       if (stage.accumulate_seconds >= 5e-4) {
         plan->notes.push_back(absl::StrFormat(
             "stage %d adds %.4g micro-batches' gradients into the first's per "
-            "mini-batch: %.3g ms over its %.3g MB of parameters, as measured "
+            "mini-batch: %.3g ms over %.3g MB of its parameters, as measured "
             "while profiling",
-            s, adds, 1e3 * stage.accumulate_seconds, stage.parameter_bytes / 1e6));
+            s, adds, 1e3 * stage.accumulate_seconds, added_bytes / 1e6));
       }
     }
     const double ar_bw =
@@ -1408,9 +1410,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     for (int v : stage.nodes) {
       stage.forward_seconds += graph.node(v).forward_seconds * per_micro;
       stage.backward_seconds += graph.node(v).backward_seconds * per_micro;
-      if (graph.node(v).weights_after_send) {
-        weight_gradients += 0.5 * graph.node(v).backward_seconds * per_micro;
-      }
+      weight_gradients += graph.node(v).weight_gradient_seconds() * per_micro;
     }
     stage.forward_seconds *= row_scale;
     const double backward_without_update =

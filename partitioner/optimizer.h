@@ -207,7 +207,8 @@ struct StagePlan {
   // A replica's adds of its later micro-batches' gradients into the
   // first's (Graph::accumulate_seconds_per_byte; kApapo only), per
   // mini-batch on one speed-1 worker: counted in compute_seconds and, per
-  // micro-batch, in backward_seconds.
+  // micro-batch, in backward_seconds. With split_backward, over the
+  // parameters of the nodes not Node::weights_in_product only.
   double accumulate_seconds = 0;
   double output_bytes = 0;       // activations sent to the next stage
   double output_bandwidth = 0;   // bytes/s of the link to the next stage

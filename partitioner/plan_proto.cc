@@ -141,6 +141,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
     node.parameter_bytes = static_cast<double>(n.parameter_bytes());
     if (skip_zeros) node.nonzero_share = n.nonzero_share();
     node.weights_after_send = n.weight_gradients_after_send();
+    node.weights_in_product = n.weight_gradients_in_product();
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());

@@ -906,6 +906,44 @@ TEST(PartitionerPlannerTest, GradientAccumulationIsChargedPerLaterMicroBatch) {
   EXPECT_THAT(hostile.status().message(), ::testing::HasSubstr("accumulate_seconds_per_byte"));
 }
 
+// With a split backward a Linear's later micro-batches add their weight
+// gradients into the first's inside their product
+// (NodeProfile.weight_gradients_in_product): the stage holding fc0 pays
+// 7 adds over fc1's 16 MiB alone, the other stage over both its layers.
+// In one pass every parameter pays them.
+TEST(PartitionerPlannerTest, ALinearAddsItsGradientsInItsProduct) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
+  spec.mutable_schedule()->set_stages(2);
+  apapo::v1::ModelProfile adding = ChainProfile();
+  adding.set_accumulate_seconds_per_byte(1e-10);
+  apapo::v1::ModelProfile in_product = adding;
+  in_product.mutable_nodes(0)->set_weight_gradients_in_product(true);
+  auto plain = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
+  auto charged = planner.MakePlan(spec, in_product, TwoWorkers(1e9));
+  ASSERT_TRUE(plain.ok() && charged.ok()) << plain.status() << charged.status();
+  ASSERT_EQ(charged->micro_batches(), 8);
+  ASSERT_EQ(charged->stages_size(), 2);
+  ASSERT_EQ(charged->stages(0).node_ids(0), "fc0");
+  const double layer_bytes = 2048.0 * 2048 * 4;
+  EXPECT_NEAR(charged->stages(0).compute_seconds() - plain->stages(0).compute_seconds(),
+              7 * layer_bytes * 1e-10, 1e-9);
+  EXPECT_NEAR(charged->stages(1).compute_seconds() - plain->stages(1).compute_seconds(),
+              7 * 2 * layer_bytes * 1e-10, 1e-9);
+  EXPECT_THAT(charged->notes(), ::testing::Contains(::testing::HasSubstr(
+                                    "stage 0 adds 7 micro-batches' gradients into the first's per "
+                                    "mini-batch: 11.7 ms over 16.8 MB of its parameters")));
+  spec.mutable_schedule()->set_split_backward(false);
+  auto one_pass = planner.MakePlan(spec, in_product, TwoWorkers(1e9));
+  ASSERT_TRUE(one_pass.ok()) << one_pass.status();
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(one_pass->stages(s).compute_seconds() - plain->stages(s).compute_seconds(),
+                7 * 2 * layer_bytes * 1e-10, 1e-9);
+  }
+}
+
 // A hostile or broken profile's costs fail the plan naming the field.
 TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
   PartitionerPlanner planner;

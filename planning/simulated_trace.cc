@@ -103,9 +103,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.forward_seconds += graph->node(v).forward_seconds * per_micro;
       st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
-      if (graph->node(v).weights_after_send) {
-        st.backward_weight_seconds += 0.5 * graph->node(v).backward_seconds * per_micro;
-      }
+      st.backward_weight_seconds += graph->node(v).weight_gradient_seconds() * per_micro;
     }
     // What a split backward computes after sending the input gradients
     // (pt::StagePlan::backward_weight_seconds): none on the first stage.
@@ -127,8 +125,9 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     // (the planner's StagePlan::accumulate_seconds), spread over its k.
     const double k = static_cast<double>(p.micro_batches) / st.replicas;
     if (k > 1) {
-      const double adds =
-          (k - 1) / k * st.parameter_bytes * graph->accumulate_seconds_per_byte();
+      const double adds = (k - 1) / k *
+                          pt::AddedGradientBytes(*graph, st.nodes, plan.split_backward()) *
+                          graph->accumulate_seconds_per_byte();
       st.backward_seconds += adds;
       if (st.backward_weight_seconds > 0) st.backward_weight_seconds += adds;
     }

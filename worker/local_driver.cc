@@ -270,6 +270,7 @@ apapo::v1::ModelProfile EstimatedProfile(const AnalyzedGraph& graph,
     if (n.num_params > 0 && WeightGradientsAfterSend(n.kind())) {
       np->set_weight_gradients_after_send(true);
     }
+    if (WeightGradientsInProduct(n)) np->set_weight_gradients_in_product(true);
   }
   return p;
 }

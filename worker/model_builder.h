@@ -57,6 +57,12 @@ struct StageForward {
     at::Tensor output;
     int first_param = 0;
     int num_params = 0;
+    // A Linear's input where both are 2-D (rows x features): its weight
+    // gradient is one product, output_grad^T input, which the executor
+    // adds into the mini-batch's gradient inside the product (addmm_), and
+    // its bias gradient the output gradient's column sums. Undefined for
+    // other nodes.
+    at::Tensor product_input;
   };
   std::vector<ParamNodeOutput> param_outputs;
 };

@@ -415,6 +415,11 @@ bool WeightGradientsAfterSend(apapo::v1::LayerKind kind) {
   }
 }
 
+bool WeightGradientsInProduct(const NodeInfo& node) {
+  return node.kind() == apapo::v1::LAYER_KIND_LINEAR && node.num_params > 0 &&
+         node.out_shape.size() == 1;
+}
+
 RowRange SplitPartRows(int64_t width, int parts, int part) {
   // q = width / parts features each, and the first r = width % parts parts
   // one more: part i starts at i q + min(i, r).

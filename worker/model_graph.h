@@ -144,6 +144,12 @@ struct NodeInfo {
   apapo::v1::LayerKind kind() const { return node->kind(); }
 };
 
+// Whether a split backward adds `node`'s weight gradient into the
+// mini-batch's inside its product: a Linear on rows (per-sample output
+// of rank 1), whose weight gradient is output_grad^T input
+// (NodeProfile.weight_gradients_in_product; stage_executor.cc).
+bool WeightGradientsInProduct(const NodeInfo& node);
+
 // A validated graph with nodes in a topological order.
 class AnalyzedGraph {
  public:

@@ -289,7 +289,7 @@ struct StageExecutor::Impl {
     weights->Acquire(v);
     auto fwd = model->Forward(inputs, weights->ComputeWeights(v, global_step),
                               /*training=*/true,
-                              /*keep_param_outputs=*/SplitsBackward());
+                              /*keep_param_outputs=*/config.split_backward);
     if (!fwd.ok()) return Fail("forward", fwd.status());
     Stash s;
     s.version = v;
@@ -333,13 +333,14 @@ struct StageExecutor::Impl {
     return config.split_backward && !layout().is_first;
   }
 
-  // Backward of op.micro_batch. With `send` (SplitsBackward(): the
-  // kSendGradients that follows it in the program), in two passes: the
-  // input gradients and those of the nodes' outputs, then the send, then
-  // each node's weight gradients from its output's gradient alone. A
-  // node's parameters are its own (StageModel gives each kernel its range),
-  // so its output reaches them only through the node itself and the second
-  // pass computes exactly what one pass would.
+  // Backward of op.micro_batch. With config.split_backward, in two passes:
+  // the input gradients and those of the nodes' outputs, then (with `send`,
+  // SplitsBackward(): the kSendGradients that follows it in the program)
+  // the send, then each node's weight gradients from its output's gradient
+  // alone; a Linear's weight gradient is added into grad_acc by its
+  // product. A node's parameters are its own (StageModel gives each kernel
+  // its range), so its output reaches them only through the node itself
+  // and the second pass computes exactly what one pass would.
   absl::Status Backward(const Op& op, int64_t version_base, const Op* send = nullptr) {
     absl::Time t = absl::Now();
     const int64_t j = op.micro_batch;
@@ -390,7 +391,9 @@ struct StageExecutor::Impl {
       }
     }
     std::vector<at::Tensor> grads;
-    if (send != nullptr) {
+    // Weights whose gradient pass 2 adds into grad_acc inside its product.
+    std::vector<bool> in_place(params.size(), false);
+    if (config.split_backward) {
       // Pass 1: the inputs' gradients, those of the outputs of the nodes
       // whose weight gradients follow the send, and the weight gradients
       // of the other nodes (autograd computes no weight gradient no target
@@ -428,21 +431,46 @@ struct StageExecutor::Impl {
       for (size_t q = 0; q < before_send.size(); ++q) {
         grads[before_send[q]] = g1[first_param_grad + q];
       }
-      KeepInputGrads(j, s, input_target, grads);
-      report.busy_seconds += Lap(t);
-      // The send, as its own span, while this stage computes on.
-      spans->End();
-      spans->Begin(apapo::v1::SPAN_KIND_SEND, send->micro_batch, global_step);
-      absl::Status sent = Send(*send);
-      spans->End();
-      if (!sent.ok()) return sent;
-      spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
-      t = absl::Now();
+      if (send != nullptr) {
+        KeepInputGrads(j, s, input_target, grads);
+        report.busy_seconds += Lap(t);
+        // The send, as its own span, while this stage computes on.
+        spans->End();
+        spans->Begin(apapo::v1::SPAN_KIND_SEND, send->micro_batch, global_step);
+        absl::Status sent = Send(*send);
+        spans->End();
+        if (!sent.ok()) return sent;
+        spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
+        t = absl::Now();
+      }
       // Pass 2: each node's weight gradients from its output's gradient.
       for (size_t n = 0; n < s.param_outputs.size(); ++n) {
         const at::Tensor& g = g1[first_output - params.size() + n];
         if (!g.defined()) continue;
         const auto& po = s.param_outputs[n];
+        if (po.product_input.defined()) {
+          // A Linear's weight gradient g^T x, added by the product itself
+          // into the mini-batch's (addmm_: no pass over it per micro-batch,
+          // as autograd's mm then add_ makes; the same sums, bit for bit);
+          // its bias gradient g's column sums, as autograd computes it.
+          torch::NoGradGuard no_grad;
+          const int w = po.first_param;
+          try {
+            const at::Tensor gt = g.t();
+            if (grad_acc[w].defined()) {
+              grad_acc[w].addmm_(gt, po.product_input);
+            } else {
+              grad_acc[w] = at::mm(gt, po.product_input);
+            }
+            if (config.test.record_backwards) grads[w] = at::mm(gt, po.product_input);
+            if (po.num_params > 1) grads[w + 1] = g.sum(0);
+          } catch (const std::exception& e) {
+            return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
+                                                    j, " (weight gradients) failed: ", e.what()));
+          }
+          in_place[w] = true;
+          continue;
+        }
         std::vector<at::Tensor> own(params.begin() + po.first_param,
                                     params.begin() + po.first_param + po.num_params);
         try {
@@ -475,7 +503,7 @@ struct StageExecutor::Impl {
     std::set<const void*> grad_storage;
     for (const auto& g : root_grads) grad_storage.insert(g.storage().data());
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!grads[i].defined()) continue;
+      if (!grads[i].defined() || in_place[i]) continue;
       if (!grad_acc[i].defined()) {
         const void* storage = grads[i].storage().data();
         grad_acc[i] = grad_storage.insert(storage).second

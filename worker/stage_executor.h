@@ -126,12 +126,13 @@ struct ExecutorConfig {
   // ReLU outputs cross the cuts without their zeros, and their gradients
   // only where they are not zero (ScheduleSpec.skip_zeros; transport.h).
   bool skip_zeros = false;
-  // A stage after the first computes its backward in two passes: the
-  // input gradients (and, on the way, the gradients of its nodes'
-  // outputs), then their send, then each node's weight gradients from its
-  // output's gradient (Plan.split_backward). The same gradients as one
+  // Every stage computes its backward in two passes: the input gradients
+  // (and, on the way, the gradients of its nodes' outputs), then, after
+  // the first stage, their send, then each node's weight gradients from
+  // its output's gradient (Plan.split_backward). The same gradients as one
   // pass; the upstream stage gets its gradients a weight-gradient pass
-  // sooner.
+  // sooner, and a Linear's weight gradient is added into the mini-batch's
+  // by its product (addmm_), with no add per micro-batch.
   bool split_backward = false;
   LimitOptions limits;
   EvaluationOptions evaluation;

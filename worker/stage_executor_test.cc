@@ -110,6 +110,75 @@ TEST(SplitLinearLayersTest, SplitModelComputesTheSameFunction) {
       gb[index(*b, "fc2/0.weight")], 1e-5, 1e-6));
 }
 
+// A split backward adds a Linear's weight gradient into the mini-batch's
+// inside one product (stage_executor.cc's pass 2): Forward hands it the
+// input of every Linear on rows (the cnn's fc1 and fc2, after the
+// flatten) and of no convolution, and g^T x and g's column sums are
+// autograd's own weight and bias gradients, bit for bit; added by addmm_
+// into an earlier micro-batch's, they equal autograd's sum with add_.
+TEST(ProductGradientTest, ALinearsWeightGradientIsTheProductAutogradComputes) {
+  apapo::v1::BuiltinModel cnn;
+  cnn.set_name("cnn");
+  (*cnn.mutable_hyper_parameters())["conv1"].set_i(4);
+  (*cnn.mutable_hyper_parameters())["conv2"].set_i(8);
+  (*cnn.mutable_hyper_parameters())["fc1"].set_i(32);
+  (*cnn.mutable_hyper_parameters())["dropout1"].set_f(0);
+  (*cnn.mutable_hyper_parameters())["dropout2"].set_f(0);
+  const DataShape data{{1, 28, 28}, DType::kFloat32, 10};
+  auto proto = BuiltinGraph(cnn, data);
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  auto g = AnalyzedGraph::Create(*proto);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<std::string> ids;
+  for (const auto& n : g->nodes()) ids.push_back(n.id());
+  auto layouts = LayoutStages(*g, {ids});
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  auto model = StageModel::Create(*g, (*layouts)[0]);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<at::Tensor> params = (*model)->InitParameters(5);
+  torch::manual_seed(9);
+  std::vector<at::Tensor> sums(params.size()), one_pass(params.size());
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    const at::Tensor x = torch::randn({7, 1, 28, 28});
+    const at::Tensor y = torch::randint(0, 10, {7}, torch::kLong);
+    auto fwd = (*model)->Forward({x, y}, params, /*training=*/true,
+                                 /*keep_param_outputs=*/true);
+    ASSERT_TRUE(fwd.ok()) << fwd.status();
+    std::vector<at::Tensor> outputs;
+    int products = 0;
+    for (const auto& po : fwd->param_outputs) {
+      outputs.push_back(po.output);
+      const std::string& name = (*model)->param_names()[po.first_param];
+      const bool linear = absl::StartsWith(name, "fc");
+      EXPECT_EQ(po.product_input.defined(), linear) << name;
+      products += po.product_input.defined();
+    }
+    EXPECT_EQ(products, 2);
+    std::vector<at::Tensor> want =
+        torch::autograd::grad({fwd->loss}, params, {}, /*retain_graph=*/true);
+    std::vector<at::Tensor> out_grads = torch::autograd::grad({fwd->loss}, outputs);
+    torch::NoGradGuard no_grad;
+    for (size_t n = 0; n < outputs.size(); ++n) {
+      const auto& po = fwd->param_outputs[n];
+      if (!po.product_input.defined()) continue;
+      const at::Tensor gt = out_grads[n].t();
+      const int w = po.first_param;
+      EXPECT_TRUE(torch::equal(at::mm(gt, po.product_input), want[w])) << w;
+      ASSERT_EQ(po.num_params, 2);
+      EXPECT_TRUE(torch::equal(out_grads[n].sum(0), want[w + 1])) << w;
+      if (micro_batch == 0) {
+        sums[w] = at::mm(gt, po.product_input);
+        one_pass[w] = want[w].clone();
+      } else {
+        // The executor's accumulation against one pass's add_.
+        sums[w].addmm_(gt, po.product_input);
+        one_pass[w].add_(want[w]);
+        EXPECT_TRUE(torch::equal(sums[w], one_pass[w])) << w;
+      }
+    }
+  }
+}
+
 // Evaluation runs each stage's forward over a test batch a training
 // micro-batch's rows at a time (Evaluator): a 2-stage cut of the cnn, on a
 // batch of 23 rows in pieces of 5 (the last one 3), gives the first stage's

@@ -686,6 +686,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
     if (node.num_params > 0 && WeightGradientsAfterSend(node.kind())) {
       np->set_weight_gradients_after_send(true);
     }
+    if (WeightGradientsInProduct(node)) np->set_weight_gradients_in_product(true);
     if (times[k].outputs > 0) {
       // Never 0, which would mean "every value crosses".
       np->set_nonzero_share(

@@ -79,6 +79,8 @@ TEST(ProfileJobTest, MeasuresEveryNodeOfTheGraph) {
   // send; a layer without parameters has none.
   EXPECT_TRUE(measured["fc1"]->weight_gradients_after_send());
   EXPECT_FALSE(measured["relu1"]->weight_gradients_after_send());
+  EXPECT_TRUE(measured["fc1"]->weight_gradients_in_product());
+  EXPECT_FALSE(measured["relu1"]->weight_gradients_in_product());
   // A ReLU's zeros do not cross a cut: the share of its outputs that do is
   // measured (about half at initial weights), other nodes' is not.
   EXPECT_GT(measured["relu1"]->nonzero_share(), 0.2);
