@@ -863,15 +863,21 @@ TEST(PartitionerPlannerTest, ReplicasComputeHalfBatchesAtTheirMeasuredCost) {
                                    "micro-batches of 64 rows compute at 1.25x")));
 }
 
+// 1F1B with flushes on 2 stages, mini-batches of 128.
+apapo::v1::JobSpec FlushOnTwoStages() {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
+  spec.mutable_schedule()->set_stages(2);
+  return spec;
+}
+
 // A replica that runs k micro-batches of a mini-batch adds k - 1 of their
 // gradients into the first's: a 2-stage flush of 8 pays 7 adds over each
 // stage's 32 MiB, data parallelism on 2 (one micro-batch a replica) none.
 TEST(PartitionerPlannerTest, GradientAccumulationIsChargedPerLaterMicroBatch) {
   PartitionerPlanner planner;
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
-  spec.mutable_schedule()->set_stages(2);
+  apapo::v1::JobSpec spec = FlushOnTwoStages();
   apapo::v1::ModelProfile adding = ChainProfile();
   adding.set_accumulate_seconds_per_byte(1e-10);  // 10 GB/s
   auto plain = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e9));
@@ -913,10 +919,7 @@ TEST(PartitionerPlannerTest, GradientAccumulationIsChargedPerLaterMicroBatch) {
 // In one pass every parameter pays them.
 TEST(PartitionerPlannerTest, ALinearAddsItsGradientsInItsProduct) {
   PartitionerPlanner planner;
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
-  spec.mutable_schedule()->set_stages(2);
+  apapo::v1::JobSpec spec = FlushOnTwoStages();
   apapo::v1::ModelProfile adding = ChainProfile();
   adding.set_accumulate_seconds_per_byte(1e-10);
   apapo::v1::ModelProfile in_product = adding;

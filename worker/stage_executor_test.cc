@@ -37,7 +37,17 @@ using pipeline_test::PipelineResult;
 using pipeline_test::RunPipeline;
 using pipeline_test::TrainSingleProcess;
 
-// A 3-hidden-layer mlp on 12-feature synthetic samples of 4 classes.
+// The whole of `g` as one stage (expects success; `g` must outlive it).
+std::unique_ptr<StageModel> OneStage(const AnalyzedGraph& g) {
+  std::vector<std::string> ids;
+  for (const auto& n : g.nodes()) ids.push_back(n.id());
+  auto layouts = LayoutStages(g, {ids});
+  EXPECT_TRUE(layouts.ok()) << layouts.status();
+  auto model = StageModel::Create(g, (*layouts)[0]);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(*model);
+}
+
 // A plan's layer split (SplitLinearLayers) changes where stages may cut,
 // not what the network computes: with the unsplit weights sliced into the
 // parts, loss and gradients agree.
@@ -54,17 +64,8 @@ TEST(SplitLinearLayersTest, SplitModelComputesTheSameFunction) {
   auto whole = AnalyzedGraph::Create(*proto);
   auto split = AnalyzedGraph::Create(*split_proto);
   ASSERT_TRUE(whole.ok() && split.ok());
-  auto one_stage = [](const AnalyzedGraph& g) {
-    std::vector<std::string> ids;
-    for (const auto& n : g.nodes()) ids.push_back(n.id());
-    auto layouts = LayoutStages(g, {ids});
-    EXPECT_TRUE(layouts.ok()) << layouts.status();
-    auto model = StageModel::Create(g, (*layouts)[0]);
-    EXPECT_TRUE(model.ok()) << model.status();
-    return std::move(*model);
-  };
-  auto a = one_stage(*whole);
-  auto b = one_stage(*split);
+  auto a = OneStage(*whole);
+  auto b = OneStage(*split);
   std::vector<at::Tensor> pa = a->InitParameters(7);
   std::map<std::string, at::Tensor> by_name;
   for (size_t i = 0; i < pa.size(); ++i) by_name[a->param_names()[i]] = pa[i];
@@ -129,26 +130,21 @@ TEST(ProductGradientTest, ALinearsWeightGradientIsTheProductAutogradComputes) {
   ASSERT_TRUE(proto.ok()) << proto.status();
   auto g = AnalyzedGraph::Create(*proto);
   ASSERT_TRUE(g.ok()) << g.status();
-  std::vector<std::string> ids;
-  for (const auto& n : g->nodes()) ids.push_back(n.id());
-  auto layouts = LayoutStages(*g, {ids});
-  ASSERT_TRUE(layouts.ok()) << layouts.status();
-  auto model = StageModel::Create(*g, (*layouts)[0]);
-  ASSERT_TRUE(model.ok()) << model.status();
-  std::vector<at::Tensor> params = (*model)->InitParameters(5);
+  std::unique_ptr<StageModel> model = OneStage(*g);
+  std::vector<at::Tensor> params = model->InitParameters(5);
   torch::manual_seed(9);
   std::vector<at::Tensor> sums(params.size()), one_pass(params.size());
   for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
     const at::Tensor x = torch::randn({7, 1, 28, 28});
     const at::Tensor y = torch::randint(0, 10, {7}, torch::kLong);
-    auto fwd = (*model)->Forward({x, y}, params, /*training=*/true,
+    auto fwd = model->Forward({x, y}, params, /*training=*/true,
                                  /*keep_param_outputs=*/true);
     ASSERT_TRUE(fwd.ok()) << fwd.status();
     std::vector<at::Tensor> outputs;
     int products = 0;
     for (const auto& po : fwd->param_outputs) {
       outputs.push_back(po.output);
-      const std::string& name = (*model)->param_names()[po.first_param];
+      const std::string& name = model->param_names()[po.first_param];
       const bool linear = absl::StartsWith(name, "fc");
       EXPECT_EQ(po.product_input.defined(), linear) << name;
       products += po.product_input.defined();
@@ -230,6 +226,7 @@ TEST(ForwardInChunksTest, PiecesJoinToTheWholeBatchsForward) {
   }
 }
 
+// A 3-hidden-layer mlp on 12-feature synthetic samples of 4 classes.
 Fixture MakeFixture() {
   apapo::v1::DataSpec data;
   data.mutable_synthetic()->add_sample_shape(12);
