@@ -491,9 +491,8 @@ absl::StatusOr<StageForward> StageModel::Forward(
       if (keep_param_outputs && k.num_params > 0 && y.requires_grad() &&
           WeightGradientsAfterSend(k.info->kind())) {
         StageForward::ParamNodeOutput po{y, k.first_param, k.num_params, at::Tensor()};
-        if (WeightGradientsInProduct(*k.info) && y.dim() == 2 && call.in(0).dim() == 2) {
-          po.product_input = call.in(0);
-        }
+        // Rows in and out: the shape check above holds y to out_shape.
+        if (WeightGradientsInProduct(*k.info)) po.product_input = call.in(0);
         out.param_outputs.push_back(std::move(po));
       }
       values.push_back(std::move(y));

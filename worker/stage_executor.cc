@@ -96,8 +96,8 @@ struct StageExecutor::Impl {
     // (their gradients come back there).
     std::vector<at::Tensor> input_masks, output_masks;
     at::Tensor loss;                  // last: scaled loss
-    // SplitsBackward(): the outputs of the nodes whose weight gradients
-    // follow the send (StageForward::param_outputs).
+    // config.split_backward: the outputs of the nodes whose weight
+    // gradients the second pass computes (StageForward::param_outputs).
     std::vector<StageForward::ParamNodeOutput> param_outputs;
   };
   std::map<int64_t, Stash> stash;
@@ -333,6 +333,31 @@ struct StageExecutor::Impl {
     return config.split_backward && !layout().is_first;
   }
 
+  // A Linear's weight gradient g^T x, added by the product itself into
+  // the mini-batch's grad_acc (addmm_: no pass over it per micro-batch, as
+  // autograd's mm then add_ makes; the same sums, bit for bit), and its
+  // bias gradient, g's column sums as autograd computes them, into
+  // `grads`. With record_backwards the product goes to `grads` as well.
+  absl::Status AddWeightProduct(const StageForward::ParamNodeOutput& po, const at::Tensor& g,
+                                int64_t j, std::vector<at::Tensor>& grads) {
+    torch::NoGradGuard no_grad;
+    const int w = po.first_param;
+    try {
+      const at::Tensor gt = g.t();
+      if (grad_acc[w].defined()) {
+        grad_acc[w].addmm_(gt, po.product_input);
+      } else {
+        grad_acc[w] = at::mm(gt, po.product_input);
+      }
+      if (config.test.record_backwards) grads[w] = at::mm(gt, po.product_input);
+      if (po.num_params > 1) grads[w + 1] = g.sum(0);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ", j,
+                                              " (weight gradients) failed: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
   // Backward of op.micro_batch. With config.split_backward, in two passes:
   // the input gradients and those of the nodes' outputs, then (with `send`,
   // SplitsBackward(): the kSendGradients that follows it in the program)
@@ -449,26 +474,8 @@ struct StageExecutor::Impl {
         if (!g.defined()) continue;
         const auto& po = s.param_outputs[n];
         if (po.product_input.defined()) {
-          // A Linear's weight gradient g^T x, added by the product itself
-          // into the mini-batch's (addmm_: no pass over it per micro-batch,
-          // as autograd's mm then add_ makes; the same sums, bit for bit);
-          // its bias gradient g's column sums, as autograd computes it.
-          torch::NoGradGuard no_grad;
-          const int w = po.first_param;
-          try {
-            const at::Tensor gt = g.t();
-            if (grad_acc[w].defined()) {
-              grad_acc[w].addmm_(gt, po.product_input);
-            } else {
-              grad_acc[w] = at::mm(gt, po.product_input);
-            }
-            if (config.test.record_backwards) grads[w] = at::mm(gt, po.product_input);
-            if (po.num_params > 1) grads[w + 1] = g.sum(0);
-          } catch (const std::exception& e) {
-            return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
-                                                    j, " (weight gradients) failed: ", e.what()));
-          }
-          in_place[w] = true;
+          if (absl::Status st = AddWeightProduct(po, g, j, grads); !st.ok()) return st;
+          in_place[po.first_param] = true;
           continue;
         }
         std::vector<at::Tensor> own(params.begin() + po.first_param,
