@@ -41,6 +41,11 @@ double RunCheck::Error() const {
              : 0;
 }
 
+bool RunCheck::Within(double tolerance) const {
+  // The printed figure rounds to nearest (ties to even), as nearbyint does.
+  return std::abs(std::nearbyint(100 * Error())) <= std::nearbyint(100 * tolerance);
+}
+
 std::string RunCheck::Describe() const {
   std::vector<std::string> compute;
   for (const auto& [w, f] : compute_factor) {

@@ -57,6 +57,9 @@ struct RunCheck {
 
   // predicted / measured - 1.
   double Error() const;
+  // Whether Error() is within `tolerance` as Describe() prints it, in whole
+  // percent: a check that reads "(+10%)" is within 10%, one at 10.4% too.
+  bool Within(double tolerance) const;
   // "measured 372.4 samples/s over 20 steps, predicted 451.0 (+21%);
   //  compute x1.14 on w-1, x1.31 on w-2; all-reduce x1.80".
   std::string Describe() const;

@@ -67,6 +67,25 @@ TEST(RunCheckTest, MeasuresTheRateAndEachWorkersComputeAgainstThePlan) {
             "compute x1.25 on w-1, x1.00 on w-2");
 }
 
+// The check judges the error as it prints it: 10.4% off reads "(+10%)"
+// and is within 10%; 10.6% reads "(+11%)" and is not (CI once read a run
+// "(+10%)" that the check had not called within).
+TEST(RunCheckTest, IsWithinTheToleranceAsItPrintsIt) {
+  RunCheck check;
+  check.steps = 20;
+  check.measured_samples_per_second = 100;
+  check.predicted_samples_per_second = 110.4;
+  EXPECT_EQ(check.Describe(), "measured 100.0 samples/s over 20 steps, predicted 110.4 (+10%)");
+  EXPECT_TRUE(check.Within(0.10));
+  check.predicted_samples_per_second = 89.6;
+  EXPECT_EQ(check.Describe(), "measured 100.0 samples/s over 20 steps, predicted 89.6 (-10%)");
+  EXPECT_TRUE(check.Within(0.10));
+  check.predicted_samples_per_second = 110.6;
+  EXPECT_EQ(check.Describe(), "measured 100.0 samples/s over 20 steps, predicted 110.6 (+11%)");
+  EXPECT_FALSE(check.Within(0.10));
+  EXPECT_TRUE(check.Within(0.11));
+}
+
 TEST(RunCheckTest, ReplicasMeasureTheAllReduceBoundedFactors) {
   std::map<std::string, apapo::v1::MetricsReport> first = {
       {"w-1", Report(10, 3.0, 0, 2.0)}, {"w-2", Report(10, 3.0, 0, 2.0)}};

@@ -779,7 +779,7 @@ void Scheduler::CheckRunWindow(ActiveJob& a, const std::string& worker_id,
   // Within the tolerance too, the running plan is simulated on the run's
   // own compute (no plan is searched): what is left between that and the
   // measurement is the cost model's error, the rest this machine's drift.
-  a.check_within = std::abs(check->Error()) <= options_.check_tolerance;
+  a.check_within = check->Within(options_.check_tolerance);
   a.calibrated = CalibratedProfiles(a.profiles, *check,
                                     a.workers.empty() ? std::string() : a.workers[0]);
   a.check = std::move(check);
