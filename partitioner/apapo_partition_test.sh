@@ -47,6 +47,33 @@ rate() { echo "$1" | sed -n 's/.* \([0-9.]*\) mini-batches\/s.*/\1/p'; }
 awk -v a="$(rate "$shallow")" -v b="$(rate "$deep")" 'BEGIN { exit !(b > a) }' \
   || fail "depth 4 predicts $(rate "$deep") mini-batches/s, not above $(rate "$shallow")"
 
+# The split backward, as the coordinator plans by default: on a profile
+# that marks fc2's weight gradients after the send (as apapo-worker
+# measures), stage 1 sends its input gradients first, so stage 0's round
+# trip is shorter and the prediction faster; --split_backward=false plans
+# the backward in one pass, as a job with schedule.split_backward false.
+cat > "$TMP/marked.json" <<'JSON'
+{"model": "chain", "batchSize": 128, "updateSeconds": 0.002, "nodes": [
+ {"id": "input", "activationBytes": "1000000"},
+ {"id": "fc1", "inputs": ["input"], "forwardSeconds": 0.02, "backwardSeconds": 0.04,
+  "activationBytes": "1000000", "parameterBytes": "16000000",
+  "weightGradientsAfterSend": true, "weightGradientsInProduct": true},
+ {"id": "fc2", "inputs": ["fc1"], "forwardSeconds": 0.02, "backwardSeconds": 0.04,
+  "activationBytes": "1000000", "parameterBytes": "16000000",
+  "weightGradientsAfterSend": true, "weightGradientsInProduct": true},
+ {"id": "loss", "inputs": ["fc2"], "activationBytes": "4"}]}
+JSON
+split=$("$BIN" --profile="$TMP/marked.json" --stages=2 --levels=2:3e7) || fail "split exited $?"
+echo "$split" | grep -q "note: split backward: stage 1 sends its input gradients" \
+  || fail "no split backward note: $split"
+onepass=$("$BIN" --profile="$TMP/marked.json" --stages=2 --levels=2:3e7 --split_backward=false) \
+  || fail "one pass exited $?"
+echo "$onepass" | grep -q "split backward" && fail "split note with --split_backward=false: $onepass"
+awk -v a="$(rate "$onepass")" -v b="$(rate "$split")" 'BEGIN { exit !(b > a) }' \
+  || fail "split predicts $(rate "$split") mini-batches/s, not above $(rate "$onepass")"
+"$BIN" --profile="$TMP/marked.json" --stages=2 --levels=2:3e7 --format=json \
+  | grep -q '"splitBackward": *true' || fail "json plan lacks splitBackward"
+
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern="$1"; shift
   local err rc

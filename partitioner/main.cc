@@ -48,6 +48,13 @@ ABSL_FLAG(int, max_in_flight, 0,
           "than the schedule's own depth is an update more of staleness); 0: the "
           "schedule's own depth, with a plan note naming the depth that would hide "
           "the links (as the coordinator does without schedule.max_staleness)");
+ABSL_FLAG(bool, split_backward, true,
+          "a stage after the first sends its input gradients before it computes "
+          "the weight gradients of the nodes a profile marks "
+          "weight_gradients_after_send, and adds those it marks "
+          "weight_gradients_in_product inside their product (the coordinator's "
+          "schedule.split_backward, on unless a job turns it off); apapo cost "
+          "model only, and no effect on PipeDream's profiles, which mark none");
 ABSL_FLAG(int, stages, 0,
           "exactly this many pipeline stages (0: the planner chooses)");
 ABSL_FLAG(int, replicas, 0,
@@ -160,6 +167,7 @@ int Run() {
   options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.deepen_for_links = options.max_in_flight > 0;
+  options.split_backward = absl::GetFlag(FLAGS_split_backward);
   options.stages = absl::GetFlag(FLAGS_stages);
   options.replicas = absl::GetFlag(FLAGS_replicas);
   options.max_states = absl::GetFlag(FLAGS_max_states);
@@ -186,6 +194,7 @@ int Run() {
   }
   const std::string name = ModelName(path);
   apapo::v1::Plan proto = PlanToProto(*plan, *graph, name);
+  proto.set_split_backward(options.split_backward && *model == CostModel::kApapo);
 
   if (absl::GetFlag(FLAGS_compare)) {
     struct Row {
@@ -266,6 +275,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "apapo-partition --profile=FILE --workers=N [--levels=...] "
       "[--memory=...] [--schedule=...] [--cost-model=pipedream|apapo] "
+      "[--split_backward=true|false] "
       "[--format=table|json] [--compare] [--trace=FILE]");
   // Accept --cost-model as well as --cost_model: dashes to underscores in
   // flag names (not in values).
