@@ -817,10 +817,17 @@ class CgroupLimitTest(unittest.TestCase):
         # Each worker at its own speed in the DP, or a column split that
         # balances the stages as well at the mean speed (the faster worker
         # then takes the heavier stage): CI on 131c417 took fc2 in 2 parts,
-        # predicted 922 against 844 samples/s, with no per-worker note. The
-        # balance below is what either must give.
+        # predicted 922 against 844 samples/s, with no per-worker note. Or,
+        # where a layer boundary already balances them, the mean-speed plan
+        # with the faster worker placed on the heavier stage: a run here on
+        # 49f4120 read w-2 at 0.39x, where the cut after relu1 leaves it
+        # fc1's 28% of the weights, so the per-worker DP found the same cut
+        # (no note) and nothing was split. The balance below is what each
+        # must give.
+        heavier = max(got.plan.stages, key=lambda st: st.parameter_bytes)
         self.assertTrue(any("workers planned each at its own speed" in n
-                            for n in got.plan.notes) or len(got.plan.splits) > 0,
+                            for n in got.plan.notes) or len(got.plan.splits) > 0 or
+                        [p.worker_id for p in heavier.placement] == ["w-1"],
                         list(got.plan.notes))
         compute = {p.worker_id: st.compute_seconds for st in got.plan.stages
                    for p in st.placement}
