@@ -472,81 +472,6 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
   }
 }
 
-// A replicated stage with a split backward all-reduces its gradients in
-// parts that start inside its iteration's last backward (pass 1's
-// parameters, then each node's after its weight gradient): the same
-// weights, bit for bit, as one all-reduce after the backward, on data
-// parallelism, a replicated stage of a flushed pipeline, and the async
-// pipeline, with m = 1 too, where each replica of stage 0 has no
-// micro-batch in every other iteration and starts all its parts at the
-// all-reduce itself. Layers of 300 features make parts of their own.
-TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackward) {
-  apapo::v1::DataSpec data;
-  data.mutable_synthetic()->add_sample_shape(12);
-  data.mutable_synthetic()->set_num_classes(4);
-  apapo::v1::BuiltinModel mlp;
-  mlp.set_name("mlp");
-  (*mlp.mutable_hyper_parameters())["hidden"].set_i(300);
-  (*mlp.mutable_hyper_parameters())["layers"].set_i(3);
-  auto shape = DataShapeForJob(data);
-  auto g = BuiltinGraph(mlp, *shape);
-  ASSERT_TRUE(g.ok()) << g.status();
-  Fixture f = pipeline_test::MakeFixture(*g, {12}, 4);
-  const apapo::v1::OptimizerSpec spec = Sgd();
-  constexpr int64_t kSteps = 4;
-  schedule::ScheduleOptions dp;
-  dp.kind = ScheduleKind::kDataParallel;
-  dp.replicas = {2};
-  dp.micro_batches_per_iteration = 2;
-  schedule::ScheduleOptions flush;
-  flush.kind = ScheduleKind::k1F1BFlush;
-  flush.num_stages = 2;
-  flush.replicas = {2, 1};
-  flush.micro_batches_per_iteration = 4;
-  schedule::ScheduleOptions async2 = AsyncTwoStages(2);
-  async2.replicas = {2, 1};
-  schedule::ScheduleOptions async1 = AsyncTwoStages(1);
-  async1.replicas = {2, 1};
-  for (const schedule::ScheduleOptions& sched : {dp, flush, async2, async1}) {
-    SCOPED_TRACE(absl::StrCat(schedule::ScheduleKindName(sched.kind), " m=",
-                              sched.micro_batches_per_iteration));
-    PipelineResult whole = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
-                                       apapo::v1::TRANSFER_PRECISION_FLOAT32,
-                                       /*skip_zeros=*/true, /*split_backward=*/false);
-    PipelineResult parts = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
-                                       apapo::v1::TRANSFER_PRECISION_FLOAT32,
-                                       /*skip_zeros=*/true, /*split_backward=*/true);
-    for (const auto& st : whole.statuses) ASSERT_TRUE(st.ok()) << st;
-    for (const auto& st : parts.statuses) ASSERT_TRUE(st.ok()) << st;
-    ASSERT_FALSE(parts.params.empty());
-    for (const auto& [name, want] : whole.params) {
-      ASSERT_TRUE(parts.params.count(name)) << name;
-      EXPECT_TRUE(torch::equal(parts.params[name], want)) << name;
-    }
-    // Ranks are stage-major: ranks 0 and 1 are stage 0's replicas.
-    for (int rank = 0; rank < 2; ++rank) {
-      const StageReport& r = parts.reports[rank];
-      EXPECT_EQ(whole.reports[rank].allreduce_parts, 0) << rank;
-      // Every iteration starts every part; those of an iteration with a
-      // backward on this replica start inside it. The whole model is three
-      // (fc1 with fc2, after fc2's weight gradient; fc3; the head).
-      const int64_t iterations_with_backward =
-          sched.micro_batches_per_iteration == 1 ? kSteps / 2 : kSteps;
-      const int64_t per_iteration = r.allreduce_parts / kSteps;
-      EXPECT_EQ(r.allreduce_parts, per_iteration * kSteps) << rank;
-      EXPECT_GE(per_iteration, 1) << rank;
-      if (sched.num_stages == 1) {
-        EXPECT_EQ(per_iteration, 3) << rank;
-      }
-      EXPECT_EQ(r.allreduce_parts_in_backward, per_iteration * iterations_with_backward)
-          << rank;
-    }
-    if (sched.num_stages > 1) {
-      EXPECT_EQ(parts.reports[2].allreduce_parts, 0);
-    }
-  }
-}
-
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.
@@ -696,39 +621,6 @@ TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
     EXPECT_TRUE(torch::equal(pred1[0][i], plain1[0][i])) << "stage 1, param " << i;
     EXPECT_TRUE(torch::allclose(pred1[1][i], plain1[1][i], 1e-6, 1e-7))
         << "stage 1, version 1, param " << i;
-  }
-}
-
-// A stage the plan keeps deeper than the default (a slow link's depth,
-// Stage.in_flight_depth) is that many updates stale, and its prediction
-// reaches as far: at depth 3 (two updates of delay), version 1 runs on
-// W1 - 2 lr x g0 = 3 W1 - 2 W0. (Until this test the executor read the
-// depth from a moved-from schedule and predicted the default's one update.)
-TEST(WeightPredictionTest, ADeeperStagePredictsAsManyUpdatesAheadAsItsDepth) {
-  Fixture f = MakeFixture();
-  schedule::ScheduleOptions sched = AsyncTwoStages(1);
-  sched.in_flight_depth = {3, 0};
-  apapo::v1::OptimizerSpec spec;
-  spec.mutable_sgd()->set_momentum(0.9);
-  spec.set_learning_rate(0.1);
-  PipelineResult plain = RunPipeline(f, sched, spec, 5, /*record=*/true);
-  PipelineResult predicted =
-      RunPipeline(f, sched, spec, 5, /*record=*/true, {}, /*weight_prediction=*/true);
-  for (const auto& s : plain.statuses) ASSERT_TRUE(s.ok()) << s;
-  for (const auto& s : predicted.statuses) ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(predicted.reports[0].max_staleness, 2);
-  auto by_version = [](const std::vector<BackwardRecord>& records) {
-    std::map<int64_t, std::vector<at::Tensor>> out;
-    for (const auto& r : records) out.emplace(r.forward_version, r.params);
-    return out;
-  };
-  auto plain0 = by_version(plain.records[0]);
-  auto pred0 = by_version(predicted.records[0]);
-  ASSERT_TRUE(plain0.count(0) && plain0.count(1) && pred0.count(1));
-  for (size_t i = 0; i < plain0[0].size(); ++i) {
-    const at::Tensor w0 = plain0[0][i], w1 = plain0[1][i];
-    EXPECT_TRUE(torch::allclose(pred0[1][i], 3 * w1 - 2 * w0, 1e-5, 1e-6))
-        << "stage 0, version 1, param " << i;
   }
 }
 
