@@ -919,6 +919,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   if (!opt.ok()) return opt.status();
   impl->optimizer = *std::move(opt);
   impl->config = std::move(config);
+  // From here on `config` and `s` are moved from: read cfg.
   const ExecutorConfig& cfg = impl->config;
   c.layout = &cfg.layouts[cfg.stage];
   auto model = StageModel::Create(*cfg.graph, *c.layout);
@@ -950,7 +951,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     // The stage's gradient delay in updates: its in-flight depth minus one,
     // in micro-batches, over the micro-batches of an update.
     wo.prediction_steps =
-        static_cast<double>(schedule::InFlightDepth(s, cfg.stage) - 1) / m;
+        static_cast<double>(schedule::InFlightDepth(cfg.schedule, cfg.stage) - 1) / m;
   }
   impl->grad_acc.resize(initial.size());
   impl->weights = std::make_unique<WeightStore>(impl->optimizer.get(), wo,

@@ -624,6 +624,39 @@ TEST(WeightPredictionTest, StaleStageRunsOneUpdateAheadLastStageDoesNot) {
   }
 }
 
+// A stage the plan keeps deeper than the default (a slow link's depth,
+// Stage.in_flight_depth) is that many updates stale, and its prediction
+// reaches as far: at depth 3 (two updates of delay), version 1 runs on
+// W1 - 2 lr x g0 = 3 W1 - 2 W0. (Until this test the executor read the
+// depth from a moved-from schedule and predicted the default's one update.)
+TEST(WeightPredictionTest, ADeeperStagePredictsAsManyUpdatesAheadAsItsDepth) {
+  Fixture f = MakeFixture();
+  schedule::ScheduleOptions sched = AsyncTwoStages(1);
+  sched.in_flight_depth = {3, 0};
+  apapo::v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_momentum(0.9);
+  spec.set_learning_rate(0.1);
+  PipelineResult plain = RunPipeline(f, sched, spec, 5, /*record=*/true);
+  PipelineResult predicted =
+      RunPipeline(f, sched, spec, 5, /*record=*/true, {}, /*weight_prediction=*/true);
+  for (const auto& s : plain.statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const auto& s : predicted.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(predicted.reports[0].max_staleness, 2);
+  auto by_version = [](const std::vector<BackwardRecord>& records) {
+    std::map<int64_t, std::vector<at::Tensor>> out;
+    for (const auto& r : records) out.emplace(r.forward_version, r.params);
+    return out;
+  };
+  auto plain0 = by_version(plain.records[0]);
+  auto pred0 = by_version(predicted.records[0]);
+  ASSERT_TRUE(plain0.count(0) && plain0.count(1) && pred0.count(1));
+  for (size_t i = 0; i < plain0[0].size(); ++i) {
+    const at::Tensor w0 = plain0[0][i], w1 = plain0[1][i];
+    EXPECT_TRUE(torch::allclose(pred0[1][i], 3 * w1 - 2 * w0, 1e-5, 1e-6))
+        << "stage 0, version 1, param " << i;
+  }
+}
+
 // A run stopped after a checkpoint and resumed under the same plan ends
 // bit-for-bit where an uninterrupted run with the same checkpoints ends: it
 // reads the same next micro-batches, with the same learning rates, from the
