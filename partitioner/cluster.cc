@@ -191,6 +191,12 @@ double RingAllReduceSeconds(double parameter_bytes, int replicas,
   return moved * per_byte;
 }
 
+double RingAllReduceCpuShare(double bandwidth, double cpu_seconds_per_byte) {
+  const double cpu = 2.0 * std::max(0.0, cpu_seconds_per_byte);
+  const double per_byte = std::max(bandwidth > 0 ? 1.0 / bandwidth : 0.0, cpu);
+  return per_byte > 0 ? std::min(1.0, cpu / per_byte) : 0.0;
+}
+
 std::string DescribeCluster(const Cluster& cluster) {
   std::string out;
   for (size_t i = 0; i < cluster.levels.size(); ++i) {

@@ -18,6 +18,7 @@
 #ifndef APAPO_PARTITIONER_CLUSTER_H_
 #define APAPO_PARTITIONER_CLUSTER_H_
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +104,28 @@ struct Cluster {
 // (`cpu_seconds_per_byte` per byte sent or received). 0 for one replica.
 double RingAllReduceSeconds(double parameter_bytes, int replicas,
                             double bandwidth, double cpu_seconds_per_byte);
+
+// The CPU's share of RingAllReduceSeconds on that link: the copies'
+// 2 x `cpu_seconds_per_byte` over the larger of it and 1 / `bandwidth`,
+// in [0, 1] (1 where the copies bind, 0 without them).
+double RingAllReduceCpuShare(double bandwidth, double cpu_seconds_per_byte);
+
+// The part of an all-reduce of `allreduce_seconds` (as charged, after
+// AllReduceFactor) that a replica waits for when it starts in buckets
+// while the replica computes its last micro-batch's weight gradients for
+// `hidden_window` seconds (a split backward's second pass): the window
+// hides the link's time, not the copies and sums that run on the
+// replica's own core (`cpu_share`, RingAllReduceCpuShare):
+//   exposed = max(AR - W, AR x cpu_share)
+// (AR = allreduce_seconds, W = hidden_window). AR for a window of 0.
+// Inline: the planner's DP prices it for every replica count of a segment.
+inline double ExposedAllReduceSeconds(double allreduce_seconds,
+                                      double cpu_share, double hidden_window) {
+  if (!(allreduce_seconds > 0)) return 0;
+  const double share = std::clamp(cpu_share, 0.0, 1.0);
+  return std::max(allreduce_seconds - std::max(0.0, hidden_window),
+                  allreduce_seconds * share);
+}
 
 // Smallest level whose groups contain all `workers` (indices, grouped in
 // order: level 0's groups are runs of levels[0].fanout workers; 0 =

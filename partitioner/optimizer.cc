@@ -62,6 +62,7 @@ struct WorkGraph {
   std::vector<std::vector<int>> succ, pred;
   std::vector<int> topo;                // work indices
   std::vector<double> compute, params, acts;
+  std::vector<double> weight_gradients;  // Node::weight_gradient_seconds
   std::vector<double> cut;  // Node::cut_bytes: what a cut after it sends
 };
 
@@ -94,6 +95,7 @@ WorkGraph BuildWorkGraph(const Graph& graph, double rho) {
     w.original.push_back(v);
     const Node& node = graph.node(v);
     w.compute.push_back(node.compute_seconds());
+    w.weight_gradients.push_back(node.weight_gradient_seconds());
     w.params.push_back(node.parameter_bytes);
     w.acts.push_back(node.activation_bytes);
     w.cut.push_back(node.cut_bytes(rho));
@@ -387,6 +389,8 @@ struct States {
   Units units;
   std::vector<Bits> sets;  // over units, sorted by size, [0] = {}, back = all
   std::vector<double> compute, params, acts, out;
+  // Node::weight_gradient_seconds summed over the state, like compute.
+  std::vector<double> weight_gradients;
   // What the cut's values take whole (out counts a ReLU's nonzeros only):
   // its copies' CPU, since packing and unpacking touch every value.
   std::vector<double> out_whole;
@@ -513,17 +517,19 @@ States BuildStates(const WorkGraph& w, const Units& units,
   std::vector<char> in(w.n);
   for (int s : order) {
     std::fill(in.begin(), in.end(), 0);
-    double c = 0, p = 0, a = 0;
+    double c = 0, p = 0, a = 0, g = 0;
     for (int x = 0; x < units.n; ++x) {
       if (!Test(sets[s], x)) continue;
       for (int v : units.members[x]) {
         in[v] = 1;
         c += w.compute[v];
+        g += w.weight_gradients[v];
         p += w.params[v];
         a += w.acts[v];
       }
     }
     st.compute.push_back(c);
+    st.weight_gradients.push_back(g);
     st.params.push_back(p);
     st.acts.push_back(a);
     st.out.push_back(out(in));
@@ -694,6 +700,9 @@ struct LevelContext {
   // the size of each message (cluster->TransferCpuPerByte).
   double transfer_cpu = 0;
   const Cluster* cluster = nullptr;
+  // kApapo with a split backward: a segment's last micro-batch's weight
+  // gradients hide its all-reduce's link time (ExposedAllReduceSeconds).
+  bool hide_allreduce = false;
   // Graph::update_seconds over all the parameters' bytes (kApapo only): a
   // segment's update is this times its parameter bytes. Charged at level
   // 0, where a stage's replicas are single workers, each of which runs
@@ -792,7 +801,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
   const int inner_hi = !counted ? 0 : (ctx.inner == nullptr ? 1 : NS - 1);
 
   std::vector<double> tv(M + 1), tmin(M + 1), inv(M + 1), frac4(M + 1),
-      ring(M + 1), pv(M + 1), qv(M + 1), rv(M + 1);
+      ring(M + 1), pv(M + 1), qv(M + 1), rv(M + 1), av(M + 1), wv(M + 1);
   std::vector<int> targ(M + 1);
   for (int y = 1; y <= M; ++y) {
     inv[y] = 1.0 / y;
@@ -877,6 +886,20 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // on its own CPU; where that is slower than the wire it binds.
         ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
         if (!pipedream) ar_coef *= ctx.cluster->AllReduceFactor(params);
+        // With a split backward, the weight gradients of a replica's last
+        // micro-batch hide the all-reduce's link time but not its copies'
+        // share: ExposedAllReduceSeconds(AR, cpu_share, W / y), W the
+        // segment's weight gradients on one speed-1 unit, one micro-batch
+        // per replica (m is chosen after the DP), over the inner fan-out
+        // like the parameters at outer levels, whose units' speeds the
+        // inner table already counts (the mean speed here).
+        const double ar_cpu_share =
+            RingAllReduceCpuShare(ctx.bandwidth, ctx.transfer_cpu);
+        const double window =
+            ctx.hide_allreduce
+                ? (st.weight_gradients[j] - st.weight_gradients[k]) /
+                      (ctx.inner == nullptr ? 1.0 : ar_divisor * ctx.speed)
+                : 0.0;
         const bool memory_binds =
             ctx.memory > 0 && ctx.inner == nullptr &&
             StageMemory(ctx.kind, params, acts, ctx.total_workers) > ctx.memory;
@@ -893,12 +916,16 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           // update: the rest of it, (1 - 1/y), on top.
           const double update_work =
               ctx.inner == nullptr ? ctx.update_per_param_byte * params : 0;
-          // T(k, j, y) with the replicas at speed v is max(P[y] / v + Q[y],
-          // R[y]): the work's share over the speed, plus what does not
-          // scale with it (copies, all-reduce), against the transfer. Outer
-          // levels take v = 1: the inner table's times already count their
-          // workers' speeds.
+          // T(k, j, y) with the replicas at speed v is max(P[y] / v + Q[y]
+          // + E(A[y], W[y] / v), R[y]): the work's share over the speed,
+          // plus what does not scale with it (copies; the all-reduce A, of
+          // which E is what the weight gradients W of one micro-batch on a
+          // replica leave exposed), against the transfer. Outer levels take
+          // v = 1: the inner table's times already count their workers'
+          // speeds.
           for (int y = 1; y <= M; ++y) {
+            av[y] = 0;
+            wv[y] = 0;
             if (ctx.replicas > 0 && y != ctx.replicas) {
               pv[y] = 0;
               qv[y] = kInf;
@@ -909,15 +936,22 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
               rv[y] = transfer * inv[y];
             } else {
               pv[y] = work * inv[y] + update_work * (1.0 - inv[y]);
-              qv[y] = copies * inv[y] + ar_coef * ring[y];
+              qv[y] = copies * inv[y];
+              av[y] = ar_coef * ring[y];
+              wv[y] = window * inv[y];
               rv[y] = transfer * inv[y];
             }
           }
+          const auto stage_time = [&](int y, double per_speed) {
+            return std::max(
+                pv[y] * per_speed + qv[y] +
+                    ExposedAllReduceSeconds(av[y], ar_cpu_share,
+                                            wv[y] * per_speed),
+                rv[y]);
+          };
           // One speed for every unit (per_unit: the scan below prices each).
           const double per_speed = ctx.inner == nullptr ? 1.0 / ctx.speed : 1.0;
-          for (int y = 1; y <= M; ++y) {
-            tv[y] = std::max(pv[y] * per_speed + qv[y], rv[y]);
-          }
+          for (int y = 1; y <= M; ++y) tv[y] = stage_time(y, per_speed);
           if (!memory_binds && !per_unit) {
             tmin[0] = kInf;
             for (int y = 1; y <= M; ++y) {
@@ -974,7 +1008,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
                   // before): past best[m] nothing further improves it.
                   if (prefix >= best[m]) break;
                   const double cand = std::max(
-                      prefix, per_unit ? std::max(pv[y] * unit_speed + qv[y], rv[y]) : tv[y]);
+                      prefix, per_unit ? stage_time(y, unit_speed) : tv[y]);
                   if (cand < best[m]) take(m, cand, y);
                 }
               }
@@ -1336,6 +1370,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   }
   double bottleneck = 0;
   double busy_sum = 0;
+  // Whether a split backward hid part of an all-reduce: the DP took one
+  // micro-batch per replica for it, so the stage times below decide.
+  bool hidden = false;
   plan->num_workers = 0;
   for (int s = 0; s < p; ++s) {
     StagePlan& stage = plan->stages[s];
@@ -1375,11 +1412,13 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
     const double ar_bw =
         cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
-    stage.allreduce_seconds =
+    // The whole all-reduce; a split backward hides part of it below.
+    const double full_allreduce =
         pipedream ? 4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r
                   : cluster.AllReduceFactor(stage.parameter_bytes) *
                         RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
                                              cluster.transfer_cpu_seconds_per_byte);
+    stage.allreduce_seconds = full_allreduce;
     // One boundary's transfer per mini-batch: PipeDream charges the
     // activations and their gradients one after the other (2x, the larger
     // boundary binds); ours charges each way of a full-duplex link what
@@ -1422,6 +1461,20 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
           row_scale * std::min(weight_gradients, backward_without_update) +
           stage.accumulate_seconds * r * per_micro;
     }
+    // Every replica's last backward before the all-reduce computes its
+    // weight gradients after the rest, while the all-reduce of the
+    // parameters done before them starts in buckets: at the slowest
+    // replica's pace, they hide the all-reduce's link time (the first
+    // stage's too: it has no send, but the same two passes).
+    if (options.split_backward && !pipedream) {
+      stage.allreduce_window_seconds =
+          row_scale * std::min(weight_gradients, backward_without_update);
+      stage.allreduce_seconds = ExposedAllReduceSeconds(
+          full_allreduce,
+          RingAllReduceCpuShare(ar_bw, cluster.transfer_cpu_seconds_per_byte),
+          stage.allreduce_window_seconds / slowest);
+      hidden |= stage.allreduce_seconds < full_allreduce;
+    }
     // The stage's share of its transfers' copies: activations in and out
     // on the forward pass, their gradients on the backward pass.
     // A message is one micro-batch's; its CPU per byte grows with its size.
@@ -1449,14 +1502,29 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(stage.compute_seconds + stage.allreduce_seconds, comm);
     bottleneck = std::max(bottleneck, stage.time_seconds);
     busy_sum += stage.time_seconds;
-    if (!pipedream && r > 1 && !cluster.allreduce_factor.empty()) {
-      plan->notes.push_back(absl::StrFormat(
-          "stage %d's all-reduce is charged %.3g ms per mini-batch: %.2fx "
-          "the ring over its link at its %.3g MB, as the all-reduces "
-          "measured while profiling ran",
-          s, 1e3 * stage.allreduce_seconds,
-          cluster.AllReduceFactor(stage.parameter_bytes),
-          stage.parameter_bytes / 1e6));
+    const double hidden_allreduce = full_allreduce - stage.allreduce_seconds;
+    if (!pipedream && r > 1 &&
+        (!cluster.allreduce_factor.empty() || hidden_allreduce >= 5e-7)) {
+      std::string note =
+          cluster.allreduce_factor.empty()
+              ? absl::StrFormat("stage %d's all-reduce takes %.3g ms per "
+                                "mini-batch",
+                                s, 1e3 * full_allreduce)
+              : absl::StrFormat(
+                    "stage %d's all-reduce is charged %.3g ms per "
+                    "mini-batch: %.2fx the ring over its link at its %.3g "
+                    "MB, as the all-reduces measured while profiling ran",
+                    s, 1e3 * full_allreduce,
+                    cluster.AllReduceFactor(stage.parameter_bytes),
+                    stage.parameter_bytes / 1e6);
+      if (hidden_allreduce >= 5e-7) {
+        absl::StrAppend(
+            &note,
+            absl::StrFormat(", %.3g ms of it hidden behind its last "
+                            "micro-batch's weight gradients",
+                            1e3 * hidden_allreduce));
+      }
+      plan->notes.push_back(std::move(note));
     }
     if (stage.transfer_cpu_seconds > 0) {
       double crossing = 0;
@@ -1473,7 +1541,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
   if (options.schedule == schedule::ScheduleKind::kAsync &&
       options.cost_model == CostModel::kApapo) {
     CoverTransferRoundTrips(
-        cluster.heterogeneous() || dp_value <= 0 || rescaled ? bottleneck : dp_value,
+        cluster.heterogeneous() || dp_value <= 0 || rescaled || hidden
+            ? bottleneck
+            : dp_value,
         plan->micro_batches, options.deepen_for_links, &sched, plan);
   }
   for (int s = 0; s < p; ++s) {
@@ -1501,8 +1571,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
   }
   // The DP's value is the cost model's prediction on a homogeneous cluster;
-  // with heterogeneous workers the matched stage times decide.
-  if (cluster.heterogeneous() || dp_value <= 0 || rescaled) {
+  // with heterogeneous workers, rescaled micro-batches or a hidden
+  // all-reduce the stage times decide.
+  if (cluster.heterogeneous() || dp_value <= 0 || rescaled || hidden) {
     plan->bottleneck_seconds = bottleneck;
   }
   if (options.schedule == schedule::ScheduleKind::kAsync &&
@@ -1530,6 +1601,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     if (options.cost_model == CostModel::kApapo) {
       double path = 0;
       for (const StagePlan& stage : plan->stages) {
+        // The all-reduce's exposed part (StagePlan::allreduce_seconds).
         path += (stage.compute_seconds + stage.allreduce_seconds) / m;
         if (stage.output_bandwidth > 0) {
           path += 2.0 * stage.output_bytes / stage.output_bandwidth;
@@ -1747,6 +1819,8 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                              ? cluster.transfer_cpu_seconds_per_byte
                              : 0;
       ctx.cluster = &cluster;
+      ctx.hide_allreduce =
+          options.split_backward && options.cost_model == CostModel::kApapo;
       ctx.update_per_param_byte =
           options.cost_model == CostModel::kApapo && st.params[st.full] > 0
               ? graph.update_seconds() / st.params[st.full]

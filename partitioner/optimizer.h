@@ -20,7 +20,13 @@
 // R(P, y) = 2 (y - 1) P / y * max(1 / bw, 2 c): our replicas split each
 // mini-batch and all wait for one ring all-reduce per mini-batch, which
 // moves 2 (y - 1) / y of P each way, at the link's rate or at the copies'
-// (RingAllReduceSeconds). And it replaces the two transfer terms by one,
+// (RingAllReduceSeconds). With a split backward (PlannerOptions::
+// split_backward) R is what the replicas wait for of it,
+// max(R - W / y, R x s) (ExposedAllReduceSeconds): the weight gradients of
+// the segment's last micro-batch on a replica, W(k, j) / y (taking one
+// micro-batch per replica, m being chosen after the DP), hide the link's
+// part, but not the copies' share s of R, which run on the replica's own
+// core. And it replaces the two transfer terms by one,
 // (Out(k) + Out(j)) / (bw * y * rho): links are full duplex, so each way a
 // stage's link carries what it sends, the gradients of its input and its
 // output's activations, while the same amount comes in the other way.
@@ -29,7 +35,8 @@
 //
 // B(k, j) is the compute of D_j \ D_k on one worker at level 0, and at level
 // l > 0 the best time of that segment on one group, A_{l-1}(k, j, n_{l-1});
-// P_kj its parameter bytes; Out(k) the activation bytes crossing cut k; bw the
+// P_kj its parameter bytes; W(k, j) the weight gradients a split backward
+// computes after its send (Node::weight_gradient_seconds); Out(k) the activation bytes crossing cut k; bw the
 // level's bandwidth; rho the activation compression ratio; c the CPU a
 // worker spends per byte it sends or receives
 // (Cluster::transfer_cpu_seconds_per_byte, 0 when unmeasured) and C(k, j) =
@@ -141,6 +148,9 @@ struct PlannerOptions {
   // computes its weight gradients (ScheduleSpec.split_backward), so the
   // round trip of an upstream stage's micro-batch leaves the later
   // stages' weight gradients out (StagePlan::backward_weight_seconds).
+  // And a replicated stage's all-reduce starts in buckets during its last
+  // micro-batch's weight gradients, which hide its link time, not its
+  // copies (StagePlan::allreduce_window_seconds, every stage).
   bool split_backward = false;
   // Exactly this many pipeline stages (0: the planner chooses). The DP then
   // keeps, per state and unit count, the best for every count up to it
@@ -181,7 +191,16 @@ struct StagePlan {
   // of one direction; charged to forward and to backward), per mini-batch
   // on one replica; see Cluster::transfer_cpu_seconds_per_byte.
   double transfer_cpu_seconds = 0;
-  double allreduce_seconds = 0;  // per mini-batch
+  // Per mini-batch: the ring all-reduce's part that the stage waits for
+  // (ExposedAllReduceSeconds with allreduce_window_seconds).
+  double allreduce_seconds = 0;
+  // kApapo with a split backward: what hides the all-reduce's link time, on
+  // one speed-1 replica: the weight gradients of one micro-batch (the sum
+  // of Node::weight_gradient_seconds, per micro-batch, at its rows' cost),
+  // which a replica's last backward before the all-reduce computes while
+  // the all-reduce of the parameters finished before them starts in
+  // buckets. 0: nothing hidden (PipeDream, or no split backward).
+  double allreduce_window_seconds = 0;
   // Transfers per mini-batch: kApapo each way of the stage's link (input
   // gradients + output activations), kPipeDream max(input, output) x 2.
   double comm_seconds = 0;

@@ -46,6 +46,15 @@ struct Collective {
   double done = -1;
 };
 
+// Replica r's speed: its worker's, or 1 where the plan names none.
+double ReplicaSpeed(const Cluster& cluster, const StagePlan& stage, int r) {
+  if (r < static_cast<int>(stage.workers.size()) &&
+      stage.workers[r] < cluster.num_workers()) {
+    return cluster.speed(stage.workers[r]);
+  }
+  return 1.0;
+}
+
 double Overlap(const std::vector<std::pair<double, double>>& intervals,
                double lo, double hi) {
   double total = 0;
@@ -125,11 +134,22 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
     const int r = st.replicas;
     if (r > 1 && st.allreduce_bandwidth > 0) {
       // One ring all-reduce per iteration, as the runtime runs it and the
-      // apapo cost model charges it.
-      allreduce[s] = cluster.AllReduceFactor(st.parameter_bytes) *
-                     RingAllReduceSeconds(st.parameter_bytes, r,
-                                          st.allreduce_bandwidth,
-                                          cluster.transfer_cpu_seconds_per_byte);
+      // apapo cost model charges it: less what the weight gradients of the
+      // last micro-batch on the slowest replica hide of its link time
+      // (StagePlan::allreduce_window_seconds).
+      const double ring = cluster.AllReduceFactor(st.parameter_bytes) *
+                          RingAllReduceSeconds(st.parameter_bytes, r,
+                                               st.allreduce_bandwidth,
+                                               cluster.transfer_cpu_seconds_per_byte);
+      double slowest = ReplicaSpeed(cluster, st, 0);
+      for (int q = 1; q < r; ++q) {
+        slowest = std::min(slowest, ReplicaSpeed(cluster, st, q));
+      }
+      allreduce[s] = ExposedAllReduceSeconds(
+          ring,
+          RingAllReduceCpuShare(st.allreduce_bandwidth,
+                                cluster.transfer_cpu_seconds_per_byte),
+          st.allreduce_window_seconds / slowest);
     }
   }
   std::vector<Replica> reps;
@@ -138,12 +158,8 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
       absl::StatusOr<schedule::StageProgram> program =
           schedule::StageProgram::Create(so, s, r);
       if (!program.ok()) return program.status();
-      Replica rep{s, r, 1.0, *std::move(program)};
-      const std::vector<int>& workers = plan.stages[s].workers;
-      if (r < static_cast<int>(workers.size()) &&
-          workers[r] < cluster.num_workers()) {
-        rep.speed = cluster.speed(workers[r]);
-      }
+      Replica rep{s, r, ReplicaSpeed(cluster, plan.stages[s], r),
+                  *std::move(program)};
       rep.has_next = rep.program.Next(&rep.next);
       reps.push_back(std::move(rep));
     }

@@ -11,8 +11,11 @@
 // of it before the weight gradients plus the transfer. Transfers overlap
 // compute (they run on their own threads in the runtime); the CPU their
 // copies take is in the stage's forward/backward times when the planner
-// charged it. kUpdate is a collective over the stage's replicas lasting one
-// ring all-reduce (RingAllReduceSeconds), zero for one replica. Op times are
+// charged it. kAllReduce is a collective over the stage's replicas lasting
+// one ring all-reduce (RingAllReduceSeconds), zero for one replica, less
+// what its last micro-batch's weight gradients hide of it where the plan
+// has a split backward (StagePlan::allreduce_window_seconds,
+// ExposedAllReduceSeconds), as the planner charges it. Op times are
 // StagePlan's per micro-batch figures. A link carries one transfer at a
 // time in each direction (a send waits for the one before it on that link),
 // as one TCP connection per peer does; links between different pairs of

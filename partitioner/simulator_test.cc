@@ -178,6 +178,36 @@ TEST(SimulatorTest, ReplicatedStageAllReducesAndRunsRoundRobin) {
   EXPECT_NEAR(r->micro_batches_per_second, 1.0 / 3.0, 1e-6);
 }
 
+// One stage of two replicas, one micro-batch each (3 s), then a ring
+// all-reduce of 100 B at 50 B/s (2 s): 5 s an iteration. A split backward
+// whose last 1.5 s are weight gradients hides 1.5 s of the link's time
+// (3.5 s); where the copies take half the ring (0.005 s a byte each way),
+// only that half can be hidden (4 s).
+TEST(SimulatorTest, TheLastWeightGradientsHideTheAllReducesLinkTime) {
+  Plan plan = UniformPlan(1, 2);
+  plan.stages[0].replicas = 2;
+  plan.stages[0].workers = {0, 1};
+  plan.stages[0].allreduce_bandwidth = 50;
+  Cluster c = Flat(2);
+  SimulationOptions o;
+  o.iterations = 16;
+  auto seconds = [&]() {
+    absl::StatusOr<SimulationResult> r =
+        Simulate(plan, c, ScheduleKind::kDataParallel, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->seconds_per_iteration : 0.0;
+  };
+  EXPECT_NEAR(seconds(), 5, 1e-9);
+  plan.stages[0].allreduce_window_seconds = 1.5;
+  EXPECT_NEAR(seconds(), 3.5, 1e-9);
+  c.transfer_cpu_seconds_per_byte = 0.005;
+  EXPECT_NEAR(seconds(), 4, 1e-9);
+  // A replica at half speed takes 6 s, and its window is 3 s.
+  c.transfer_cpu_seconds_per_byte = 0;
+  c.speeds = {1, 0.5};
+  EXPECT_NEAR(seconds(), 6, 1e-9);
+}
+
 TEST(SimulatorTest, SimulatesARealPlanAndWritesATrace) {
   absl::StatusOr<Graph> g = ReadPipeDreamGraph(ProfilePath("gnmt"));
   ASSERT_TRUE(g.ok());

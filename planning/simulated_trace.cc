@@ -105,6 +105,10 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.parameter_bytes += graph->node(v).parameter_bytes;
       st.backward_weight_seconds += graph->node(v).weight_gradient_seconds() * per_micro;
     }
+    // A replicated stage's all-reduce starts in parts behind its last
+    // micro-batch's weight gradients, on every stage (the optimizer's
+    // pt::StagePlan::allreduce_window_seconds).
+    double window = plan.split_backward() ? st.backward_weight_seconds : 0.0;
     // What a split backward computes after sending the input gradients
     // (pt::StagePlan::backward_weight_seconds): none on the first stage.
     if (!plan.split_backward() || s == 0) st.backward_weight_seconds = 0;
@@ -120,6 +124,9 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     st.forward_seconds *= row_scale;
     st.backward_weight_seconds =
         row_scale * std::min(st.backward_weight_seconds, st.backward_seconds);
+    if (st.replicas > 1) {
+      st.allreduce_window_seconds = row_scale * std::min(window, st.backward_seconds);
+    }
     st.backward_seconds *= row_scale;
     // A replica's later micro-batches add their gradients into the first's
     // (the planner's StagePlan::accumulate_seconds), spread over its k.

@@ -422,6 +422,16 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
   return params;
 }
 
+std::vector<std::pair<int, int>> StageModel::WeightGradientNodes() const {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& k : kernels_) {
+    if (k->num_params > 0 && WeightGradientsAfterSend(k->info->kind())) {
+      out.emplace_back(k->first_param, k->num_params);
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> StageModel::Buffers() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& k : kernels_) {

@@ -93,6 +93,12 @@ class StageModel {
                                        bool training,
                                        bool keep_param_outputs = false);
 
+  // The parameter ranges (first, count) of the nodes whose outputs a
+  // training Forward with keep_param_outputs returns in param_outputs, in
+  // the same order: known before any forward (the executor's all-reduce in
+  // parts is laid out from it).
+  std::vector<std::pair<int, int>> WeightGradientNodes() const;
+
   // BatchNorm running statistics, for checkpoints (may be empty), each
   // named "<node>.<buffer>" ("bn1.running_mean"); the tensors are the
   // model's own, updated in place by Forward.

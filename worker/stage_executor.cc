@@ -62,6 +62,49 @@ double Lap(absl::Time& start) {
   return s;
 }
 
+// The smallest part the all-reduce is cut into: a Gloo all-reduce costs
+// about a millisecond a call whatever its size on this CPU, so a node's
+// bias or a LayerNorm rides with the next node's weights.
+constexpr int64_t kAllReducePartBytes = 256 << 10;
+
+// The all-reduce's parts (Impl::allreduce_parts): first the parameters a
+// split backward finishes in pass 1 (every node but `model`'s
+// WeightGradientNodes), then those nodes' from the last to the first (pass
+// 2's order), parts closing at kAllReducePartBytes.
+std::vector<std::vector<int>> AllReduceParts(const StageModel& model,
+                                             const std::vector<at::Tensor>& params) {
+  std::vector<std::vector<int>> units(1);
+  std::vector<bool> in_node(params.size(), false);
+  const std::vector<std::pair<int, int>> nodes = model.WeightGradientNodes();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    const std::pair<int, int>& node = *it;
+    units.emplace_back();
+    for (int q = 0; q < node.second; ++q) {
+      in_node[node.first + q] = true;
+      units.back().push_back(node.first + q);
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!in_node[i]) units[0].push_back(static_cast<int>(i));
+  }
+  std::vector<std::vector<int>> parts;
+  std::vector<int> part;
+  int64_t bytes = 0;
+  for (const auto& unit : units) {
+    for (int i : unit) {
+      part.push_back(i);
+      bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
+    }
+    if (bytes >= kAllReducePartBytes) {
+      parts.push_back(std::move(part));
+      part.clear();
+      bytes = 0;
+    }
+  }
+  if (!part.empty()) parts.push_back(std::move(part));
+  return parts;
+}
+
 }  // namespace
 
 struct StageExecutor::Impl {
@@ -86,6 +129,15 @@ struct StageExecutor::Impl {
   int64_t phase = 0;  // programs run so far (message tags)
   int64_t global_step = 0;
   std::vector<at::Tensor> grad_acc;
+  // The all-reduce in parts (AllReducesInParts()): the stage's parameters in
+  // the order a split backward finishes their gradients (those of pass 1,
+  // then each pass-2 node's, last node first), cut into parts of at least
+  // kAllReducePartBytes.
+  // Laid out from the model alone, so every replica starts the same parts in
+  // the same order, one with no micro-batch in an iteration too.
+  std::vector<std::vector<int>> allreduce_parts;
+  std::vector<bool> grad_final;  // this iteration's gradient is complete
+  size_t parts_started = 0;      // this iteration's
   // What a forward leaves for its send and its backward.
   struct Stash {
     int64_t version = 0;
@@ -358,6 +410,43 @@ struct StageExecutor::Impl {
     return absl::OkStatus();
   }
 
+  // Whether the stage's gradient all-reduce runs in parts that overlap its
+  // last backward of an iteration: a replicated stage with a split backward
+  // (pass 2, the weight gradients, hides the parts started before it ends).
+  bool AllReducesInParts() const { return !allreduce_parts.empty(); }
+
+  // Whether micro-batch j is this replica's last of its iteration (the
+  // schedule's rule: the next local micro-batch, j + R_s, is in a later one).
+  bool LastOfIteration(int64_t j) const {
+    const int64_t m = config.schedule.micro_batches_per_iteration;
+    const int64_t r = config.schedule.Replicas(config.stage);
+    return j / m != (j + r) / m;
+  }
+
+  // Starts, in order, every part whose gradients are all final (none may be
+  // skipped: the replicas' starts must match); a gradient nobody produced
+  // counts as zeros. `in_backward`: called by one (counted in the report).
+  absl::Status StartFinishedParts(bool in_backward) {
+    const std::vector<at::Tensor>& current = weights->newest_weights();
+    while (parts_started < allreduce_parts.size()) {
+      const std::vector<int>& part = allreduce_parts[parts_started];
+      for (int i : part) {
+        if (!grad_final[i]) return absl::OkStatus();
+      }
+      std::vector<at::Tensor> sums;
+      for (int i : part) {
+        if (!grad_acc[i].defined()) grad_acc[i] = torch::zeros_like(current[i]);
+        sums.push_back(grad_acc[i]);
+      }
+      absl::Status st = transport()->StartAllReduceSum(context.stage, sums);
+      if (!st.ok()) return Fail("all-reducing gradients", st);
+      ++parts_started;
+      ++report.allreduce_parts;
+      if (in_backward) ++report.allreduce_parts_in_backward;
+    }
+    return absl::OkStatus();
+  }
+
   // Backward of op.micro_batch. With config.split_backward, in two passes:
   // the input gradients and those of the nodes' outputs, then (with `send`,
   // SplitsBackward(): the kSendGradients that follows it in the program)
@@ -418,6 +507,38 @@ struct StageExecutor::Impl {
     std::vector<at::Tensor> grads;
     // Weights whose gradient pass 2 adds into grad_acc inside its product.
     std::vector<bool> in_place(params.size(), false);
+    // Autograd's gradients are fresh tensors, so the accumulator takes them
+    // as they are, unless one shares storage with another (an op may hand
+    // the same tensor to two inputs): that one is copied before add_/mul_.
+    // Received gradient buffers count as taken: a parameter's gradient may
+    // be the received tensor itself (e.g. a bias added last).
+    std::set<const void*> grad_storage;
+    for (const auto& g : root_grads) grad_storage.insert(g.storage().data());
+    std::vector<bool> accumulated(params.size(), false);
+    const auto accumulate = [&](size_t i) {
+      if (accumulated[i] || i >= grads.size() || !grads[i].defined() || in_place[i]) return;
+      accumulated[i] = true;
+      if (!grad_acc[i].defined()) {
+        const void* storage = grads[i].storage().data();
+        grad_acc[i] = grad_storage.insert(storage).second
+                          ? grads[i].detach()
+                          : grads[i].detach().clone();
+      } else {
+        grad_acc[i].add_(grads[i]);
+      }
+    };
+    // The iteration's last backward on a replicated stage finishes the
+    // gradients: each part of the all-reduce starts as soon as its
+    // parameters' are in (pass 1's, then each node's of pass 2), while the
+    // rest of the backward computes.
+    const bool start_parts = AllReducesInParts() && LastOfIteration(j);
+    const auto finish = [&](int first, int count) -> absl::Status {
+      for (int i = first; i < first + count; ++i) {
+        accumulate(i);
+        grad_final[i] = true;
+      }
+      return StartFinishedParts(/*in_backward=*/true);
+    };
     if (config.split_backward) {
       // Pass 1: the inputs' gradients, those of the outputs of the nodes
       // whose weight gradients follow the send, and the weight gradients
@@ -468,26 +589,36 @@ struct StageExecutor::Impl {
         spans->Begin(apapo::v1::SPAN_KIND_BACKWARD, j, global_step);
         t = absl::Now();
       }
-      // Pass 2: each node's weight gradients from its output's gradient.
-      for (size_t n = 0; n < s.param_outputs.size(); ++n) {
+      if (start_parts) {
+        for (size_t q : before_send) {
+          if (absl::Status st = finish(static_cast<int>(q), 1); !st.ok()) return st;
+        }
+      }
+      // Pass 2: each node's weight gradients from its output's gradient,
+      // the last node's first: where the all-reduce starts in parts, the
+      // output side's (a classifier's wide Linears) then travel while the
+      // input side's (convolutions: little weight, much compute) compute.
+      for (size_t n = s.param_outputs.size(); n-- > 0;) {
         const at::Tensor& g = g1[first_output - params.size() + n];
-        if (!g.defined()) continue;
         const auto& po = s.param_outputs[n];
-        if (po.product_input.defined()) {
+        if (g.defined() && po.product_input.defined()) {
           if (absl::Status st = AddWeightProduct(po, g, j, grads); !st.ok()) return st;
           in_place[po.first_param] = true;
-          continue;
+        } else if (g.defined()) {
+          std::vector<at::Tensor> own(params.begin() + po.first_param,
+                                      params.begin() + po.first_param + po.num_params);
+          try {
+            std::vector<at::Tensor> gw =
+                torch::autograd::grad({po.output}, own, {g}, /*retain_graph=*/true,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+            for (int q = 0; q < po.num_params; ++q) grads[po.first_param + q] = gw[q];
+          } catch (const std::exception& e) {
+            return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
+                                                    j, " (weight gradients) failed: ", e.what()));
+          }
         }
-        std::vector<at::Tensor> own(params.begin() + po.first_param,
-                                    params.begin() + po.first_param + po.num_params);
-        try {
-          std::vector<at::Tensor> gw =
-              torch::autograd::grad({po.output}, own, {g}, /*retain_graph=*/true,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-          for (int q = 0; q < po.num_params; ++q) grads[po.first_param + q] = gw[q];
-        } catch (const std::exception& e) {
-          return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
-                                                  j, " (weight gradients) failed: ", e.what()));
+        if (start_parts) {
+          if (absl::Status st = finish(po.first_param, po.num_params); !st.ok()) return st;
         }
       }
     } else if (!roots.empty() && !targets.empty()) {
@@ -502,24 +633,7 @@ struct StageExecutor::Impl {
       }
     }
     grads.resize(targets.size());
-    // Autograd's gradients are fresh tensors, so the accumulator takes them
-    // as they are, unless one shares storage with another (an op may hand
-    // the same tensor to two inputs): that one is copied before add_/mul_.
-    // Received gradient buffers count as taken: a parameter's gradient may
-    // be the received tensor itself (e.g. a bias added last).
-    std::set<const void*> grad_storage;
-    for (const auto& g : root_grads) grad_storage.insert(g.storage().data());
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!grads[i].defined() || in_place[i]) continue;
-      if (!grad_acc[i].defined()) {
-        const void* storage = grads[i].storage().data();
-        grad_acc[i] = grad_storage.insert(storage).second
-                          ? grads[i].detach()
-                          : grads[i].detach().clone();
-      } else {
-        grad_acc[i].add_(grads[i]);
-      }
-    }
+    for (size_t i = 0; i < params.size(); ++i) accumulate(i);
     if (config.test.record_backwards) {
       BackwardRecord r;
       r.micro_batch = j;
@@ -556,9 +670,33 @@ struct StageExecutor::Impl {
   absl::Status AllReduce() {
     absl::Time t = absl::Now();
     FillMissingGradients();
-    absl::Status st = transport()->AllReduceSum(context.stage, grad_acc);
+    if (!AllReducesInParts()) {
+      absl::Status st = transport()->AllReduceSum(context.stage, grad_acc);
+      report.comm_exposed_seconds += Lap(t);
+      if (!st.ok()) return Fail("all-reducing gradients", st);
+      return absl::OkStatus();
+    }
+    // The parts no backward started (a replica without a micro-batch in
+    // this iteration starts them all here), then every part's sum.
+    std::fill(grad_final.begin(), grad_final.end(), true);
+    absl::Status st = StartFinishedParts(/*in_backward=*/false);
+    absl::StatusOr<std::vector<std::vector<at::Tensor>>> sums =
+        st.ok() ? transport()->FinishAllReduceSums(context.stage)
+                : absl::StatusOr<std::vector<std::vector<at::Tensor>>>(st);
     report.comm_exposed_seconds += Lap(t);
-    if (!st.ok()) return Fail("all-reducing gradients", st);
+    std::fill(grad_final.begin(), grad_final.end(), false);
+    parts_started = 0;
+    if (!sums.ok()) return Fail("all-reducing gradients", sums.status());
+    if (sums->size() != allreduce_parts.size()) {
+      return absl::InternalError(absl::StrCat(context.label, ": ", sums->size(),
+                                              " all-reduce parts summed of ",
+                                              allreduce_parts.size()));
+    }
+    for (size_t k = 0; k < allreduce_parts.size(); ++k) {
+      for (size_t q = 0; q < allreduce_parts[k].size(); ++q) {
+        grad_acc[allreduce_parts[k][q]] = (*sums)[k][q];
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -954,6 +1092,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
         static_cast<double>(schedule::InFlightDepth(cfg.schedule, cfg.stage) - 1) / m;
   }
   impl->grad_acc.resize(initial.size());
+  if (cfg.split_backward && cfg.schedule.Replicas(cfg.stage) > 1) {
+    impl->allreduce_parts = AllReduceParts(*impl->model, initial);
+    impl->grad_final.assign(initial.size(), false);
+  }
   impl->weights = std::make_unique<WeightStore>(impl->optimizer.get(), wo,
                                                 std::move(initial));
   const int64_t eval_batch = cfg.evaluation.batch_size > 0

@@ -472,6 +472,82 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
   }
 }
 
+// A replicated stage with a split backward all-reduces its gradients in
+// parts that start inside its iteration's last backward (pass 1's
+// parameters, then each node's after its weight gradient): the same
+// weights, bit for bit, as one all-reduce after the backward, on data
+// parallelism, a replicated stage of a flushed pipeline, and the async
+// pipeline, with m = 1 too, where each replica of stage 0 has no
+// micro-batch in every other iteration and starts all its parts at the
+// all-reduce itself. Layers of 300 features make parts of their own.
+TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackward) {
+  apapo::v1::DataSpec data;
+  data.mutable_synthetic()->add_sample_shape(12);
+  data.mutable_synthetic()->set_num_classes(4);
+  apapo::v1::BuiltinModel mlp;
+  mlp.set_name("mlp");
+  (*mlp.mutable_hyper_parameters())["hidden"].set_i(300);
+  (*mlp.mutable_hyper_parameters())["layers"].set_i(3);
+  auto shape = DataShapeForJob(data);
+  auto g = BuiltinGraph(mlp, *shape);
+  ASSERT_TRUE(g.ok()) << g.status();
+  Fixture f = pipeline_test::MakeFixture(*g, {12}, 4);
+  const apapo::v1::OptimizerSpec spec = Sgd();
+  constexpr int64_t kSteps = 4;
+  schedule::ScheduleOptions dp;
+  dp.kind = ScheduleKind::kDataParallel;
+  dp.replicas = {2};
+  dp.micro_batches_per_iteration = 2;
+  schedule::ScheduleOptions flush;
+  flush.kind = ScheduleKind::k1F1BFlush;
+  flush.num_stages = 2;
+  flush.replicas = {2, 1};
+  flush.micro_batches_per_iteration = 4;
+  schedule::ScheduleOptions async2 = AsyncTwoStages(2);
+  async2.replicas = {2, 1};
+  schedule::ScheduleOptions async1 = AsyncTwoStages(1);
+  async1.replicas = {2, 1};
+  for (const schedule::ScheduleOptions& sched : {dp, flush, async2, async1}) {
+    SCOPED_TRACE(absl::StrCat(schedule::ScheduleKindName(sched.kind), " m=",
+                              sched.micro_batches_per_iteration));
+    PipelineResult whole = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
+                                       apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                                       /*skip_zeros=*/true, /*split_backward=*/false);
+    PipelineResult parts = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
+                                       apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                                       /*skip_zeros=*/true, /*split_backward=*/true);
+    for (const auto& st : whole.statuses) ASSERT_TRUE(st.ok()) << st;
+    for (const auto& st : parts.statuses) ASSERT_TRUE(st.ok()) << st;
+    ASSERT_FALSE(parts.params.empty());
+    for (const auto& [name, want] : whole.params) {
+      ASSERT_TRUE(parts.params.count(name)) << name;
+      EXPECT_TRUE(torch::equal(parts.params[name], want)) << name;
+    }
+    // Ranks are stage-major: ranks 0 and 1 are stage 0's replicas.
+    for (int rank = 0; rank < 2; ++rank) {
+      const StageReport& r = parts.reports[rank];
+      EXPECT_EQ(whole.reports[rank].allreduce_parts, 0) << rank;
+      // Every iteration starts every part; those of an iteration with a
+      // backward on this replica start inside it. The whole model is three
+      // (pass 2 runs last node first: the head with fc3, after fc3's
+      // weight gradient; fc2; fc1).
+      const int64_t iterations_with_backward =
+          sched.micro_batches_per_iteration == 1 ? kSteps / 2 : kSteps;
+      const int64_t per_iteration = r.allreduce_parts / kSteps;
+      EXPECT_EQ(r.allreduce_parts, per_iteration * kSteps) << rank;
+      EXPECT_GE(per_iteration, 1) << rank;
+      if (sched.num_stages == 1) {
+        EXPECT_EQ(per_iteration, 3) << rank;
+      }
+      EXPECT_EQ(r.allreduce_parts_in_backward, per_iteration * iterations_with_backward)
+          << rank;
+    }
+    if (sched.num_stages > 1) {
+      EXPECT_EQ(parts.reports[2].allreduce_parts, 0);
+    }
+  }
+}
+
 // The throughput a replica reports leaves out its run's first
 // kRateWarmupSteps steps: every replica marks when they ended, inside its
 // training time, and only a run that reaches them does.

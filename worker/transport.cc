@@ -223,14 +223,7 @@ class GlooTransport : public Transport {
 
   absl::Status AllReduceSum(int group,
                             std::vector<at::Tensor>& tensors) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!failure_.ok()) return failure_;
-    }
-    if (group < 0 || group >= static_cast<int>(groups_.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(options_.label, ": no replica group ", group));
-    }
+    if (absl::Status st = CheckGroup(group); !st.ok()) return st;
     if (!groups_[group] || tensors.empty()) return absl::OkStatus();
     const absl::Time start = absl::Now();
     GroupBuffer& buffer = *buffers_[group];
@@ -240,36 +233,69 @@ class GlooTransport : public Transport {
       // The group's buffer, kept from call to call: Gloo all-reduced a
       // buffer it had seen before 4-6 ms a call (4 MiB, two ranks, loopback),
       // a fresh one (torch::cat's, every call) 13-50 ms.
-      int64_t total = 0;
-      for (const auto& t : tensors) total += t.numel();
-      const at::TensorOptions like = tensors.front().options();
-      if (!buffer.flat.defined() || buffer.flat.numel() != total ||
-          buffer.flat.options().dtype() != like.dtype()) {
-        buffer.flat = torch::empty({total}, like);
-      }
-      int64_t offset = 0;
-      for (const auto& t : tensors) {
-        buffer.flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
-        offset += t.numel();
-      }
+      CopyIn(tensors, buffer.flat);
       std::vector<at::Tensor> flat{buffer.flat};
       groups_[group]->allreduce(flat)->wait(ToChrono(options_.timeout));
-      offset = 0;
-      for (auto& t : tensors) {
-        const int64_t n = t.numel();
-        t = buffer.flat.narrow(0, offset, n).view(t.sizes());
-        offset += n;
-      }
+      tensors = ViewsOf(buffer.flat, tensors);
     } catch (const std::exception& e) {
-      absl::MutexLock lock(&mu_);
-      FailLocked(absl::UnavailableError(
-          absl::StrCat(options_.label, ": gradient all-reduce in replica group ",
-                       group, " failed: ", Cause(e))));
-      return failure_;
+      return AllReduceFailed(group, e);
     }
     absl::MutexLock lock(&mu_);
     stats_.allreduce_seconds += absl::ToDoubleSeconds(absl::Now() - start);
     return absl::OkStatus();
+  }
+
+  absl::Status StartAllReduceSum(int group,
+                                 const std::vector<at::Tensor>& tensors) override {
+    if (absl::Status st = CheckGroup(group); !st.ok()) return st;
+    if (!groups_[group]) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    GroupBuffer& buffer = *buffers_[group];
+    absl::MutexLock buffer_lock(&buffer.mu);
+    const size_t k = buffer.started.size();
+    if (buffer.parts.size() <= k) buffer.parts.resize(k + 1);
+    try {
+      torch::NoGradGuard no_grad;
+      // A part's buffer is kept from iteration to iteration (see above).
+      if (!tensors.empty()) CopyIn(tensors, buffer.parts[k]);
+      Started part;
+      part.like = tensors;
+      if (!tensors.empty()) {
+        std::vector<at::Tensor> flat{buffer.parts[k]};
+        part.work = groups_[group]->allreduce(flat);
+      }
+      buffer.started.push_back(std::move(part));
+    } catch (const std::exception& e) {
+      return AllReduceFailed(group, e);
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.allreduce_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::vector<at::Tensor>>> FinishAllReduceSums(
+      int group) override {
+    if (absl::Status st = CheckGroup(group); !st.ok()) return st;
+    std::vector<std::vector<at::Tensor>> sums;
+    if (!groups_[group]) return sums;
+    const absl::Time start = absl::Now();
+    GroupBuffer& buffer = *buffers_[group];
+    absl::MutexLock buffer_lock(&buffer.mu);
+    std::vector<Started> started = std::move(buffer.started);
+    buffer.started.clear();
+    try {
+      for (size_t k = 0; k < started.size(); ++k) {
+        if (started[k].work) started[k].work->wait(ToChrono(options_.timeout));
+        sums.push_back(started[k].like.empty()
+                           ? std::vector<at::Tensor>()
+                           : ViewsOf(buffer.parts[k], started[k].like));
+      }
+    } catch (const std::exception& e) {
+      return AllReduceFailed(group, e);
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.allreduce_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    return sums;
   }
 
   TransportStats Stats() const override {
@@ -309,6 +335,56 @@ class GlooTransport : public Transport {
     int outstanding = 0;  // posted and not yet returned by Recv()
     std::thread thread;
   };
+
+  absl::Status CheckGroup(int group) const {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!failure_.ok()) return failure_;
+    }
+    if (group < 0 || group >= static_cast<int>(groups_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options_.label, ": no replica group ", group));
+    }
+    return absl::OkStatus();
+  }
+
+  // Copies `tensors` end to end into `flat`, (re)made when its size or
+  // dtype does not fit.
+  static void CopyIn(const std::vector<at::Tensor>& tensors, at::Tensor& flat) {
+    int64_t total = 0;
+    for (const auto& t : tensors) total += t.numel();
+    const at::TensorOptions like = tensors.front().options();
+    if (!flat.defined() || flat.numel() != total ||
+        flat.options().dtype() != like.dtype()) {
+      flat = torch::empty({total}, like);
+    }
+    int64_t offset = 0;
+    for (const auto& t : tensors) {
+      flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+      offset += t.numel();
+    }
+  }
+
+  // Views of `flat` shaped as `like`, end to end.
+  static std::vector<at::Tensor> ViewsOf(const at::Tensor& flat,
+                                         const std::vector<at::Tensor>& like) {
+    std::vector<at::Tensor> out;
+    int64_t offset = 0;
+    for (const auto& t : like) {
+      const int64_t n = t.numel();
+      out.push_back(flat.narrow(0, offset, n).view(t.sizes()));
+      offset += n;
+    }
+    return out;
+  }
+
+  absl::Status AllReduceFailed(int group, const std::exception& e) {
+    absl::MutexLock lock(&mu_);
+    FailLocked(absl::UnavailableError(
+        absl::StrCat(options_.label, ": gradient all-reduce in replica group ",
+                     group, " failed: ", Cause(e))));
+    return failure_;
+  }
 
   std::string PeerName(int rank) const {
     return absl::StrCat("rank ", rank);
@@ -463,10 +539,19 @@ class GlooTransport : public Transport {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> groups_;
-  // One per entry of groups_: the flat buffer its all-reduces run in.
+  // One per entry of groups_: the buffers its all-reduces run in.
+  // A part started by StartAllReduceSum: the tensors it was given (their
+  // shapes, for the views FinishAllReduceSums returns) and its sum.
+  struct Started {
+    std::vector<at::Tensor> like;
+    c10::intrusive_ptr<c10d::Work> work;  // null for an empty part
+  };
   struct GroupBuffer {
     absl::Mutex mu;
     at::Tensor flat ABSL_GUARDED_BY(mu);
+    // StartAllReduceSum's buffers, by position since the last finish.
+    std::vector<at::Tensor> parts ABSL_GUARDED_BY(mu);
+    std::vector<Started> started ABSL_GUARDED_BY(mu);
   };
   std::vector<std::unique_ptr<GroupBuffer>> buffers_;
 

@@ -53,7 +53,8 @@ struct TransportStats {
   // Sum over receives of the time from posting to arrival (comm threads);
   // includes waiting for the peer to produce the message.
   double recv_seconds = 0;
-  // Time the caller blocked in Recv() / Flush() / AllReduce().
+  // Time the caller blocked in Recv() / Flush() / AllReduceSum() (with
+  // the parts: copying them in, and waiting in FinishAllReduceSums).
   double recv_wait_seconds = 0;
   double flush_wait_seconds = 0;
   double allreduce_seconds = 0;
@@ -87,6 +88,20 @@ class Transport {
   // they stay valid until the next AllReduceSum on that group.
   virtual absl::Status AllReduceSum(int group,
                                     std::vector<at::Tensor>& tensors) = 0;
+  // The same sum in parts that overlap the caller's compute: each
+  // StartAllReduceSum copies `tensors` into a buffer the transport keeps
+  // for the k-th start on `group` since the last finish, starts summing it
+  // on the group's threads and returns; FinishAllReduceSums waits for every
+  // one started since the last finish and returns their sums, [k] holding
+  // the k-th start's tensors in the order given. Every member of a group
+  // must start the same parts (shapes and order) between two finishes. The
+  // sums may be views of the buffers: valid until the next start of the
+  // same part on that group. A failed or expired part fails the transport
+  // (UNAVAILABLE naming the group), as AllReduceSum does.
+  virtual absl::Status StartAllReduceSum(int group,
+                                         const std::vector<at::Tensor>& tensors) = 0;
+  virtual absl::StatusOr<std::vector<std::vector<at::Tensor>>> FinishAllReduceSums(
+      int group) = 0;
   virtual TransportStats Stats() const = 0;
 };
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -367,6 +368,106 @@ TEST(GlooTransportTest, AllReduceSumsRightWhateverTheShapesFromCallToCall) {
   }
   peer.join();
   EXPECT_TRUE(peer_status.ok()) << peer_status;
+}
+
+// Parts started one by one (the executor's overlap of the all-reduce with
+// the backward) sum as one call would: each is copied when started (the
+// caller may change its tensors at once), its sums come back in order, in
+// the shapes given, and the buffers are reused over iterations whose parts
+// differ in size.
+TEST(GlooTransportTest, AllReduceInPartsSumsEachPartAsCopiedWhenStarted) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // Iteration it, part k: rank r holds (r + 1) * (10 * it + k + 1).
+  auto part = [](int it, int k, int rank) {
+    const float f = (rank + 1) * (10.0f * it + k + 1);
+    switch (k) {
+      case 0:
+        return std::vector<at::Tensor>{torch::full({3, 2}, f), torch::full({4}, -f)};
+      case 1:
+        return std::vector<at::Tensor>{torch::full({5 + it}, f)};
+      default:
+        return std::vector<at::Tensor>{torch::full({1}, f)};
+    }
+  };
+  absl::Status peer_status;
+  std::thread peer([&] {
+    auto t = CreateGlooTransport(Options(port, 1, 2));
+    if (!t.ok()) {
+      peer_status = t.status();
+      return;
+    }
+    for (int it = 0; it < 3; ++it) {
+      for (int k = 0; k < 3; ++k) peer_status.Update((*t)->StartAllReduceSum(0, part(it, k, 1)));
+      auto sums = (*t)->FinishAllReduceSums(0);
+      peer_status.Update(sums.status());
+    }
+  });
+  auto t = CreateGlooTransport(Options(port, 0, 2));
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int it = 0; it < 3; ++it) {
+    for (int k = 0; k < 3; ++k) {
+      std::vector<at::Tensor> given = part(it, k, 0);
+      ASSERT_TRUE((*t)->StartAllReduceSum(0, given).ok()) << it << " " << k;
+      for (auto& g : given) g.fill_(1e6);  // after the start: not summed
+    }
+    auto sums = (*t)->FinishAllReduceSums(0);
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    ASSERT_EQ(sums->size(), 3u) << "iteration " << it;
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<at::Tensor> want = part(it, k, 0);
+      ASSERT_EQ((*sums)[k].size(), want.size()) << it << " " << k;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ((*sums)[k][i].sizes(), want[i].sizes()) << it << " " << k << " " << i;
+        EXPECT_TRUE(torch::equal((*sums)[k][i], want[i] * 3)) << it << " " << k << " " << i;
+      }
+    }
+  }
+  // Nothing started: nothing to wait for.
+  auto none = (*t)->FinishAllReduceSums(0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ((*t)->StartAllReduceSum(3, part(0, 0, 0)).code(),
+            absl::StatusCode::kInvalidArgument);
+  peer.join();
+  EXPECT_TRUE(peer_status.ok()) << peer_status;
+}
+
+// A peer that starts fewer parts than this rank (a hung or diverged
+// replica) fails the finish within the timeout, naming the group, and the
+// transport stays failed.
+TEST(GlooTransportTest, AllReducePartTheGroupNeverJoinsIsAnErrorNotAHang) {
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  absl::Notification done;
+  absl::Status peer_status;
+  std::thread peer([&] {
+    auto o = Options(port, 1, 2);
+    o.timeout = absl::Seconds(1);
+    auto t = CreateGlooTransport(o);
+    if (!t.ok()) {
+      peer_status = t.status();
+      return;
+    }
+    peer_status.Update((*t)->StartAllReduceSum(0, {torch::ones({8})}));
+    done.WaitForNotification();  // connected, silent after one part
+  });
+  auto o = Options(port, 0, 2);
+  o.timeout = absl::Seconds(1);
+  auto t = CreateGlooTransport(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->StartAllReduceSum(0, {torch::ones({8})}).ok());
+  ASSERT_TRUE((*t)->StartAllReduceSum(0, {torch::ones({4})}).ok());
+  auto sums = (*t)->FinishAllReduceSums(0);
+  done.Notify();
+  peer.join();
+  ASSERT_FALSE(sums.ok());
+  EXPECT_EQ(sums.status().code(), absl::StatusCode::kUnavailable) << sums.status();
+  EXPECT_THAT(std::string(sums.status().message()), HasSubstr("replica group 0"));
+  EXPECT_THAT(std::string(sums.status().message()), HasSubstr("stage 0"));
+  EXPECT_FALSE((*t)->StartAllReduceSum(0, {torch::ones({8})}).ok());
 }
 
 TEST(GlooTransportTest, SilentPeerIsADeadlineNotAHang) {
