@@ -226,14 +226,15 @@ TEST(ForwardInChunksTest, PiecesJoinToTheWholeBatchsForward) {
   }
 }
 
-// A 3-hidden-layer mlp on 12-feature synthetic samples of 4 classes.
-Fixture MakeFixture() {
+// A 3-hidden-layer mlp of `hidden` features on 12-feature synthetic
+// samples of 4 classes.
+Fixture MakeFixture(int hidden = 10) {
   apapo::v1::DataSpec data;
   data.mutable_synthetic()->add_sample_shape(12);
   data.mutable_synthetic()->set_num_classes(4);
   apapo::v1::BuiltinModel mlp;
   mlp.set_name("mlp");
-  (*mlp.mutable_hyper_parameters())["hidden"].set_i(10);
+  (*mlp.mutable_hyper_parameters())["hidden"].set_i(hidden);
   (*mlp.mutable_hyper_parameters())["layers"].set_i(3);
   auto shape = DataShapeForJob(data);
   auto g = BuiltinGraph(mlp, *shape);
@@ -481,17 +482,7 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
 // micro-batch in every other iteration and starts all its parts at the
 // all-reduce itself. Layers of 300 features make parts of their own.
 TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackward) {
-  apapo::v1::DataSpec data;
-  data.mutable_synthetic()->add_sample_shape(12);
-  data.mutable_synthetic()->set_num_classes(4);
-  apapo::v1::BuiltinModel mlp;
-  mlp.set_name("mlp");
-  (*mlp.mutable_hyper_parameters())["hidden"].set_i(300);
-  (*mlp.mutable_hyper_parameters())["layers"].set_i(3);
-  auto shape = DataShapeForJob(data);
-  auto g = BuiltinGraph(mlp, *shape);
-  ASSERT_TRUE(g.ok()) << g.status();
-  Fixture f = pipeline_test::MakeFixture(*g, {12}, 4);
+  Fixture f = MakeFixture(/*hidden=*/300);
   const apapo::v1::OptimizerSpec spec = Sgd();
   constexpr int64_t kSteps = 4;
   schedule::ScheduleOptions dp;
