@@ -1057,7 +1057,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   if (!opt.ok()) return opt.status();
   impl->optimizer = *std::move(opt);
   impl->config = std::move(config);
-  // From here on `config` and `s` are moved from: read cfg.
+  // `config` (and `s`, a reference into it) are moved from: below, only cfg.
   const ExecutorConfig& cfg = impl->config;
   c.layout = &cfg.layouts[cfg.stage];
   auto model = StageModel::Create(*cfg.graph, *c.layout);
@@ -1082,10 +1082,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     initial = impl->model->InitParameters(cfg.seed);
   }
   WeightStore::Options wo;
-  wo.keep_previous = s.kind == schedule::ScheduleKind::k2BW;
+  wo.keep_previous = cfg.schedule.kind == schedule::ScheduleKind::k2BW;
   // Recorded backwards keep their versions' tensors.
   wo.recycle = !cfg.test.record_backwards;
-  if (cfg.weight_prediction && s.kind == schedule::ScheduleKind::kAsync) {
+  if (cfg.weight_prediction && cfg.schedule.kind == schedule::ScheduleKind::kAsync) {
     // The stage's gradient delay in updates: its in-flight depth minus one,
     // in micro-batches, over the micro-batches of an update.
     wo.prediction_steps =
