@@ -422,11 +422,11 @@ std::vector<at::Tensor> StageModel::InitParameters(int64_t seed) const {
   return params;
 }
 
-std::vector<std::pair<int, int>> StageModel::WeightGradientNodes() const {
-  std::vector<std::pair<int, int>> out;
+std::vector<StageModel::WeightGradientNode> StageModel::WeightGradientNodes() const {
+  std::vector<WeightGradientNode> out;
   for (const auto& k : kernels_) {
     if (k->num_params > 0 && WeightGradientsAfterSend(k->info->kind())) {
-      out.emplace_back(k->first_param, k->num_params);
+      out.push_back({k->first_param, k->num_params, WeightGradientsInProduct(*k->info)});
     }
   }
   return out;

@@ -93,11 +93,17 @@ class StageModel {
                                        bool training,
                                        bool keep_param_outputs = false);
 
-  // The parameter ranges (first, count) of the nodes whose outputs a
-  // training Forward with keep_param_outputs returns in param_outputs, in
-  // the same order: known before any forward (the executor's all-reduce in
-  // parts is laid out from it).
-  std::vector<std::pair<int, int>> WeightGradientNodes() const;
+  // The nodes whose outputs a training Forward with keep_param_outputs
+  // returns in param_outputs, in the same order: their parameter ranges and
+  // whether their weight gradient is one product (param_outputs'
+  // product_input defined). Known before any forward (the executor's
+  // all-reduce in parts is laid out from it).
+  struct WeightGradientNode {
+    int first_param = 0;
+    int num_params = 0;
+    bool in_product = false;
+  };
+  std::vector<WeightGradientNode> WeightGradientNodes() const;
 
   // BatchNorm running statistics, for checkpoints (may be empty), each
   // named "<node>.<buffer>" ("bn1.running_mean"); the tensors are the

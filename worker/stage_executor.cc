@@ -67,26 +67,34 @@ double Lap(absl::Time& start) {
 // bias or a LayerNorm rides with the next node's weights.
 constexpr int64_t kAllReducePartBytes = 256 << 10;
 
-// The all-reduce's parts (Impl::allreduce_parts): first the parameters a
-// split backward finishes in pass 1 (every node but `model`'s
-// WeightGradientNodes), then those nodes' from the last to the first (pass
-// 2's order), parts closing at kAllReducePartBytes.
+// The all-reduce's parts (Impl::allreduce_parts), in the order a split
+// backward finishes their gradients. Where no send separates its passes
+// (`products_in_pass1`, the first stage), the nodes whose weight gradient is
+// one product (from the last to the first) come first: pass 1 computes them
+// as their output's gradient arrives. Then the parameters pass 1 finishes
+// (every node but `model`'s WeightGradientNodes), then the other nodes' from
+// the last to the first (pass 2's order). Parts close at
+// kAllReducePartBytes.
 std::vector<std::vector<int>> AllReduceParts(const StageModel& model,
-                                             const std::vector<at::Tensor>& params) {
-  std::vector<std::vector<int>> units(1);
+                                             const std::vector<at::Tensor>& params,
+                                             bool products_in_pass1) {
+  std::vector<std::vector<int>> hooked, pass2;
   std::vector<bool> in_node(params.size(), false);
-  const std::vector<std::pair<int, int>> nodes = model.WeightGradientNodes();
+  const std::vector<StageModel::WeightGradientNode> nodes = model.WeightGradientNodes();
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
-    const std::pair<int, int>& node = *it;
-    units.emplace_back();
-    for (int q = 0; q < node.second; ++q) {
-      in_node[node.first + q] = true;
-      units.back().push_back(node.first + q);
+    std::vector<int>& unit =
+        (products_in_pass1 && it->in_product ? hooked : pass2).emplace_back();
+    for (int q = 0; q < it->num_params; ++q) {
+      in_node[it->first_param + q] = true;
+      unit.push_back(it->first_param + q);
     }
   }
+  std::vector<std::vector<int>> units = std::move(hooked);
+  units.emplace_back();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!in_node[i]) units[0].push_back(static_cast<int>(i));
+    if (!in_node[i]) units.back().push_back(static_cast<int>(i));
   }
+  for (auto& unit : pass2) units.push_back(std::move(unit));
   std::vector<std::vector<int>> parts;
   std::vector<int> part;
   int64_t bytes = 0;
@@ -425,8 +433,9 @@ struct StageExecutor::Impl {
 
   // Starts, in order, every part whose gradients are all final (none may be
   // skipped: the replicas' starts must match); a gradient nobody produced
-  // counts as zeros. `in_backward`: called by one (counted in the report).
-  absl::Status StartFinishedParts(bool in_backward) {
+  // counts as zeros. `in_backward`: called by one, `in_pass1`: by its
+  // pass 1 (counted in the report).
+  absl::Status StartFinishedParts(bool in_backward, bool in_pass1 = false) {
     const std::vector<at::Tensor>& current = weights->newest_weights();
     while (parts_started < allreduce_parts.size()) {
       const std::vector<int>& part = allreduce_parts[parts_started];
@@ -443,6 +452,7 @@ struct StageExecutor::Impl {
       ++parts_started;
       ++report.allreduce_parts;
       if (in_backward) ++report.allreduce_parts_in_backward;
+      if (in_pass1) ++report.allreduce_parts_in_pass1;
     }
     return absl::OkStatus();
   }
@@ -532,12 +542,12 @@ struct StageExecutor::Impl {
     // parameters' are in (pass 1's, then each node's of pass 2), while the
     // rest of the backward computes.
     const bool start_parts = AllReducesInParts() && LastOfIteration(j);
-    const auto finish = [&](int first, int count) -> absl::Status {
+    const auto finish = [&](int first, int count, bool in_pass1 = false) -> absl::Status {
       for (int i = first; i < first + count; ++i) {
         accumulate(i);
         grad_final[i] = true;
       }
-      return StartFinishedParts(/*in_backward=*/true);
+      return StartFinishedParts(/*in_backward=*/true, in_pass1);
     };
     if (config.split_backward) {
       // Pass 1: the inputs' gradients, those of the outputs of the nodes
@@ -558,16 +568,49 @@ struct StageExecutor::Impl {
           pass1.push_back(params[i]);
         }
       }
+      // Where no send separates the passes (the first stage) and the
+      // all-reduce starts in parts, a product node's weight gradient is
+      // computed as soon as pass 1 reaches its output (a hook on it) and its
+      // part starts there: the rest of pass 1 and pass 2 hide it, as DDP's
+      // hooks hide its buckets behind the whole backward. A node pass 1 does
+      // not run through (a first Linear on the data) gets no call: pass 2
+      // computes it.
+      std::vector<bool> in_pass1(s.param_outputs.size(), false);
+      std::vector<std::pair<size_t, unsigned>> hooks;
+      absl::Status hook_status;
+      if (start_parts && send == nullptr && layout().is_first) {
+        grads.resize(params.size());
+        for (size_t n = 0; n < s.param_outputs.size(); ++n) {
+          const auto& po = s.param_outputs[n];
+          if (!po.product_input.defined()) continue;
+          hooks.emplace_back(n, po.output.register_hook([&, n](const at::Tensor& g) {
+            if (!hook_status.ok() || in_pass1[n] || !g.defined()) return;
+            hook_status = AddWeightProduct(s.param_outputs[n], g, j, grads);
+            if (!hook_status.ok()) return;
+            in_pass1[n] = true;
+            in_place[s.param_outputs[n].first_param] = true;
+            hook_status = finish(s.param_outputs[n].first_param, s.param_outputs[n].num_params,
+                                 /*in_pass1=*/true);
+          }));
+        }
+      }
+      const auto remove_hooks = [&] {
+        for (const auto& [n, h] : hooks) s.param_outputs[n].output.remove_hook(h);
+        hooks.clear();
+      };
       std::vector<at::Tensor> g1;
       if (!roots.empty() && !pass1.empty()) {
         try {
           g1 = torch::autograd::grad(roots, pass1, root_grads, /*retain_graph=*/true,
                                      /*create_graph=*/false, /*allow_unused=*/true);
         } catch (const std::exception& e) {
+          remove_hooks();
           return absl::InternalError(absl::StrCat(context.label, ": backward of micro-batch ",
                                                   j, " (input gradients) failed: ", e.what()));
         }
       }
+      remove_hooks();
+      if (!hook_status.ok()) return hook_status;
       g1.resize(pass1.size());
       grads.resize(first_output);
       for (size_t i = params.size(); i < first_output; ++i) {
@@ -601,6 +644,7 @@ struct StageExecutor::Impl {
       for (size_t n = s.param_outputs.size(); n-- > 0;) {
         const at::Tensor& g = g1[first_output - params.size() + n];
         const auto& po = s.param_outputs[n];
+        if (in_pass1[n]) continue;  // computed and started in pass 1
         if (g.defined() && po.product_input.defined()) {
           if (absl::Status st = AddWeightProduct(po, g, j, grads); !st.ok()) return st;
           in_place[po.first_param] = true;
@@ -1093,7 +1137,8 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   }
   impl->grad_acc.resize(initial.size());
   if (cfg.split_backward && cfg.schedule.Replicas(cfg.stage) > 1) {
-    impl->allreduce_parts = AllReduceParts(*impl->model, initial);
+    impl->allreduce_parts =
+        AllReduceParts(*impl->model, initial, /*products_in_pass1=*/c.layout->is_first);
     impl->grad_final.assign(initial.size(), false);
   }
   impl->weights = std::make_unique<WeightStore>(impl->optimizer.get(), wo,

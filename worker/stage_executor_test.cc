@@ -498,7 +498,10 @@ TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackwar
   async2.replicas = {2, 1};
   schedule::ScheduleOptions async1 = AsyncTwoStages(1);
   async1.replicas = {2, 1};
-  for (const schedule::ScheduleOptions& sched : {dp, flush, async2, async1}) {
+  // The second stage replicated: its passes are split by the send.
+  schedule::ScheduleOptions async_last = AsyncTwoStages(2);
+  async_last.replicas = {1, 2};
+  for (const schedule::ScheduleOptions& sched : {dp, flush, async2, async1, async_last}) {
     SCOPED_TRACE(absl::StrCat(schedule::ScheduleKindName(sched.kind), " m=",
                               sched.micro_batches_per_iteration));
     PipelineResult whole = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
@@ -514,6 +517,17 @@ TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackwar
       ASSERT_TRUE(parts.params.count(name)) << name;
       EXPECT_TRUE(torch::equal(parts.params[name], want)) << name;
     }
+    if (sched.replicas[0] == 1) {
+      // Ranks are stage-major: ranks 1 and 2 are stage 1's replicas. Its
+      // parts start in pass 2 only: pass 1 ends with the send.
+      EXPECT_EQ(parts.reports[0].allreduce_parts, 0);
+      for (int rank = 1; rank < 3; ++rank) {
+        const StageReport& r = parts.reports[rank];
+        EXPECT_GE(r.allreduce_parts_in_backward, kSteps) << rank;
+        EXPECT_EQ(r.allreduce_parts_in_pass1, 0) << rank;
+      }
+      continue;
+    }
     // Ranks are stage-major: ranks 0 and 1 are stage 0's replicas.
     for (int rank = 0; rank < 2; ++rank) {
       const StageReport& r = parts.reports[rank];
@@ -527,11 +541,19 @@ TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackwar
       const int64_t per_iteration = r.allreduce_parts / kSteps;
       EXPECT_EQ(r.allreduce_parts, per_iteration * kSteps) << rank;
       EXPECT_GE(per_iteration, 1) << rank;
-      if (sched.num_stages == 1) {
-        EXPECT_EQ(per_iteration, 3) << rank;
-      }
       EXPECT_EQ(r.allreduce_parts_in_backward, per_iteration * iterations_with_backward)
           << rank;
+      // The first stage has no send between its passes: the parts of its
+      // product nodes (Linears) start in pass 1, as soon as their output's
+      // gradient is in, all but fc1's (its input is the data: pass 1 does
+      // not run through it).
+      if (sched.num_stages == 1) {
+        // Laid out head + fc3, fc2 (pass 1), fc1 (pass 2).
+        EXPECT_EQ(per_iteration, 3) << rank;
+        EXPECT_EQ(r.allreduce_parts_in_pass1, 2 * iterations_with_backward) << rank;
+      } else {
+        EXPECT_LT(r.allreduce_parts_in_pass1, r.allreduce_parts_in_backward) << rank;
+      }
     }
     if (sched.num_stages > 1) {
       EXPECT_EQ(parts.reports[2].allreduce_parts, 0);

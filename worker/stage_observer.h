@@ -35,9 +35,12 @@ struct StageReport {
   int64_t max_staleness = 0;
   // Parts of the gradient all-reduce this replica started (a replicated
   // stage with a split backward), and how many of them inside a backward,
-  // overlapping its weight gradients, not at the all-reduce itself.
+  // overlapping its weight gradients, not at the all-reduce itself; of
+  // those, how many inside its pass 1 (the first stage's product nodes,
+  // overlapping the rest of the backward too).
   int64_t allreduce_parts = 0;
   int64_t allreduce_parts_in_backward = 0;
+  int64_t allreduce_parts_in_pass1 = 0;
   int max_weight_versions = 0;
   int64_t steps = 0;
   int64_t resumed_step = 0;  // the checkpoint's step this run started at
