@@ -51,6 +51,12 @@ double Cluster::TransferCpuPerByte(double message_bytes) const {
   return transfer_cpu_seconds_per_byte * factor;
 }
 
+double Cluster::AllReduceCpuShare(double bandwidth) const {
+  return RingAllReduceCpuShare(bandwidth, allreduce_cpu_seconds_per_byte > 0
+                                              ? allreduce_cpu_seconds_per_byte / 2
+                                              : transfer_cpu_seconds_per_byte);
+}
+
 double Cluster::AllReduceFactor(double parameter_bytes) const {
   if (allreduce_factor.empty()) return 1;
   return InterpolateLogBytes(allreduce_factor, parameter_bytes);

@@ -72,6 +72,13 @@ struct Cluster {
   // all-reduce the kApapo cost model and the simulator charge, at that
   // all-reduce's size (AllReduceFactor). Empty: as modelled.
   std::vector<std::pair<double, double>> allreduce_factor;
+  // CPU seconds a real all-reduce took in a worker's process per byte each
+  // rank moves each way (2 (n - 1) / n of its bytes), measured while
+  // profiling (AllReduceMeasurement.cpu_seconds): Gloo's copies and sums and
+  // the sockets' system calls, which on a shaped link cost more than the
+  // copies transfer_cpu_seconds_per_byte counts. 0: not measured (the
+  // copies' figure stands in). AllReduceCpuShare.
+  double allreduce_cpu_seconds_per_byte = 0;
 
   // CPU seconds per byte of a transfer whose messages are `message_bytes`:
   // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
@@ -84,6 +91,13 @@ struct Cluster {
   double TransferCpuSeconds(double message_bytes) const {
     return message_bytes * TransferCpuPerByte(message_bytes);
   }
+
+  // The CPU's share of an all-reduce over a link of `bandwidth` (what a
+  // replica's core loses while it runs, ExposedAllReduceSeconds):
+  // RingAllReduceCpuShare at allreduce_cpu_seconds_per_byte / 2 where
+  // measured (its figure counts both ways), else at
+  // transfer_cpu_seconds_per_byte.
+  double AllReduceCpuShare(double bandwidth) const;
 
   // allreduce_factor's factor for an all-reduce of `parameter_bytes`:
   // linear in log bytes between points, the nearest point's outside them;
@@ -125,6 +139,24 @@ inline double ExposedAllReduceSeconds(double allreduce_seconds,
   const double share = std::clamp(cpu_share, 0.0, 1.0);
   return std::max(allreduce_seconds - std::max(0.0, hidden_window),
                   allreduce_seconds * share);
+}
+
+// The window ExposedAllReduceSeconds takes for a replicated stage with a
+// split backward: `weight_gradients`, W, the seconds of its last
+// micro-batch's weight gradients, which the parts started before them
+// travel behind. On the first stage no send separates the passes, so the
+// parts of the nodes whose weight gradient is one product start as pass 1
+// reaches them (`hooked_bytes` of the stage's `param_bytes`): those travel
+// behind about the whole backward `backward` (without the update). The
+// window is the two weighted by their bytes:
+//   h / P x max(B, W) + (1 - h / P) x W.
+// Inline: the DP prices it for every segment.
+inline double AllReduceWindowSeconds(double weight_gradients, double backward,
+                                     double hooked_bytes, double param_bytes) {
+  const double w = std::max(0.0, weight_gradients);
+  if (!(hooked_bytes > 0) || !(param_bytes > 0)) return w;
+  const double share = std::min(1.0, hooked_bytes / param_bytes);
+  return share * std::max(backward, w) + (1.0 - share) * w;
 }
 
 // Smallest level whose groups contain all `workers` (indices, grouped in

@@ -63,6 +63,10 @@ struct WorkGraph {
   std::vector<int> topo;                // work indices
   std::vector<double> compute, params, acts;
   std::vector<double> weight_gradients;  // Node::weight_gradient_seconds
+  std::vector<double> backward;          // Node::backward_seconds
+  // FirstStageHookedBytes: a product node's parameter bytes where a
+  // parameter-holding node precedes it, else 0.
+  std::vector<double> hooked_params;
   std::vector<double> cut;  // Node::cut_bytes: what a cut after it sends
 };
 
@@ -96,6 +100,7 @@ WorkGraph BuildWorkGraph(const Graph& graph, double rho) {
     const Node& node = graph.node(v);
     w.compute.push_back(node.compute_seconds());
     w.weight_gradients.push_back(node.weight_gradient_seconds());
+    w.backward.push_back(node.backward_seconds);
     w.params.push_back(node.parameter_bytes);
     w.acts.push_back(node.activation_bytes);
     w.cut.push_back(node.cut_bytes(rho));
@@ -116,6 +121,16 @@ WorkGraph BuildWorkGraph(const Graph& graph, double rho) {
   for (size_t h = 0; h < w.topo.size(); ++h) {
     for (int s : w.succ[w.topo[h]]) {
       if (--indegree[s] == 0) w.topo.push_back(s);
+    }
+  }
+  std::vector<bool> after_params(w.n, false);  // a parameter-holding ancestor
+  w.hooked_params.assign(w.n, 0.0);
+  for (int v : w.topo) {
+    for (int p : w.pred[v]) {
+      if (after_params[p] || w.params[p] > 0) after_params[v] = true;
+    }
+    if (after_params[v] && graph.node(w.original[v]).weights_in_product) {
+      w.hooked_params[v] = w.params[v];
     }
   }
   return w;
@@ -389,8 +404,9 @@ struct States {
   Units units;
   std::vector<Bits> sets;  // over units, sorted by size, [0] = {}, back = all
   std::vector<double> compute, params, acts, out;
-  // Node::weight_gradient_seconds summed over the state, like compute.
-  std::vector<double> weight_gradients;
+  // Node::weight_gradient_seconds summed over the state, like compute, and
+  // so are Node::backward_seconds and WorkGraph::hooked_params.
+  std::vector<double> weight_gradients, backward, hooked_params;
   // What the cut's values take whole (out counts a ReLU's nonzeros only):
   // its copies' CPU, since packing and unpacking touch every value.
   std::vector<double> out_whole;
@@ -517,19 +533,23 @@ States BuildStates(const WorkGraph& w, const Units& units,
   std::vector<char> in(w.n);
   for (int s : order) {
     std::fill(in.begin(), in.end(), 0);
-    double c = 0, p = 0, a = 0, g = 0;
+    double c = 0, p = 0, a = 0, g = 0, b = 0, h = 0;
     for (int x = 0; x < units.n; ++x) {
       if (!Test(sets[s], x)) continue;
       for (int v : units.members[x]) {
         in[v] = 1;
         c += w.compute[v];
         g += w.weight_gradients[v];
+        b += w.backward[v];
+        h += w.hooked_params[v];
         p += w.params[v];
         a += w.acts[v];
       }
     }
     st.compute.push_back(c);
     st.weight_gradients.push_back(g);
+    st.backward.push_back(b);
+    st.hooked_params.push_back(h);
     st.params.push_back(p);
     st.acts.push_back(a);
     st.out.push_back(out(in));
@@ -894,10 +914,15 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // like the parameters at outer levels, whose units' speeds the
         // inner table already counts (the mean speed here).
         const double ar_cpu_share =
-            RingAllReduceCpuShare(ctx.bandwidth, ctx.transfer_cpu);
+            ctx.cluster->AllReduceCpuShare(ctx.bandwidth);
+        // The first segment (k = 0, no stage before it) starts its product
+        // nodes' parts in pass 1 (AllReduceWindowSeconds).
         const double window =
             ctx.hide_allreduce
-                ? (st.weight_gradients[j] - st.weight_gradients[k]) /
+                ? AllReduceWindowSeconds(
+                      st.weight_gradients[j] - st.weight_gradients[k],
+                      st.backward[j] - st.backward[k] - ctx.update_per_param_byte * params,
+                      k == 0 ? st.hooked_params[j] : 0.0, params) /
                       (ctx.inner == nullptr ? 1.0 : ar_divisor * ctx.speed)
                 : 0.0;
         const bool memory_binds =
@@ -1464,14 +1489,18 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     // Every replica's last backward before the all-reduce computes its
     // weight gradients after the rest, while the all-reduce of the
     // parameters done before them starts in buckets: at the slowest
-    // replica's pace, they hide the all-reduce's link time (the first
-    // stage's too: it has no send, but the same two passes).
+    // replica's pace, they hide the all-reduce's link time. The first
+    // stage has no send: its product nodes' parts start in pass 1 and
+    // travel behind about the whole backward (AllReduceWindowSeconds).
     if (options.split_backward && !pipedream) {
       stage.allreduce_window_seconds =
-          row_scale * std::min(weight_gradients, backward_without_update);
+          row_scale * AllReduceWindowSeconds(
+                          std::min(weight_gradients, backward_without_update),
+                          backward_without_update, f.k == 0 ? st.hooked_params[f.j] : 0.0,
+                          stage.parameter_bytes);
       stage.allreduce_seconds = ExposedAllReduceSeconds(
           full_allreduce,
-          RingAllReduceCpuShare(ar_bw, cluster.transfer_cpu_seconds_per_byte),
+          cluster.AllReduceCpuShare(ar_bw),
           stage.allreduce_window_seconds / slowest);
       hidden |= stage.allreduce_seconds < full_allreduce;
     }
@@ -1521,8 +1550,16 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         absl::StrAppend(
             &note,
             absl::StrFormat(", %.3g ms of it hidden behind its last "
-                            "micro-batch's weight gradients",
-                            1e3 * hidden_allreduce));
+                            "micro-batch's %s",
+                            1e3 * hidden_allreduce,
+                            f.k == 0 && st.hooked_params[f.j] > 0 ? "backward"
+                                                                  : "weight gradients"));
+        if (cluster.allreduce_cpu_seconds_per_byte > 0) {
+          absl::StrAppend(
+              &note, absl::StrFormat(" (not the %.0f%% of it its replicas' cores run, as "
+                                     "measured while profiling)",
+                                     100 * cluster.AllReduceCpuShare(ar_bw)));
+        }
       }
       plan->notes.push_back(std::move(note));
     }

@@ -920,10 +920,33 @@ TEST(ClusterTest, TheWeightGradientsHideTheAllReducesLinkNotItsCopies) {
   EXPECT_EQ(ExposedAllReduceSeconds(0, 0.5, 0.2), 0);
 }
 
+// The all-reduce's CPU share: the copies' model, or what was measured
+// (per byte moved each way, so its share is that times the bandwidth).
+TEST(ClusterTest, TheAllReducesCpuShareIsTheMeasuredOneWhereMeasured) {
+  Cluster c;
+  c.transfer_cpu_seconds_per_byte = 0.25e-9;
+  EXPECT_DOUBLE_EQ(c.AllReduceCpuShare(1e9), 0.5);
+  c.allreduce_cpu_seconds_per_byte = 0.3e-9;
+  EXPECT_DOUBLE_EQ(c.AllReduceCpuShare(1e9), 0.3);
+  EXPECT_DOUBLE_EQ(c.AllReduceCpuShare(1e8), 0.03);
+  EXPECT_DOUBLE_EQ(c.AllReduceCpuShare(1e10), 1);  // the CPU binds
+}
+
+// The window of a first stage: its product nodes' bytes travel behind the
+// whole backward, the rest behind the weight gradients.
+TEST(ClusterTest, TheFirstStagesProductNodesWaitForTheWholeBackward) {
+  EXPECT_DOUBLE_EQ(AllReduceWindowSeconds(0.05, 0.2, 0, 10), 0.05);
+  EXPECT_DOUBLE_EQ(AllReduceWindowSeconds(0.05, 0.2, 10, 10), 0.2);
+  EXPECT_DOUBLE_EQ(AllReduceWindowSeconds(0.05, 0.2, 5, 10), 0.125);
+  EXPECT_DOUBLE_EQ(AllReduceWindowSeconds(0.05, 0.01, 10, 10), 0.05);  // W at least
+  EXPECT_DOUBLE_EQ(AllReduceWindowSeconds(0.05, 0.2, 5, 0), 0.05);
+}
+
 // Two layers of 50 ms forward and 100 ms backward a mini-batch whose
 // weight gradients follow the input gradients' send (half the backward:
-// 100 ms of the two), 5 MB of weights each and `cut_bytes` between them.
-Graph SplitLayers(double cut_bytes) {
+// 100 ms of the two), 5 MB of weights each and `cut_bytes` between them;
+// node `product` (0 or 1) computes its weight gradient in one product.
+Graph SplitLayers(double cut_bytes, int product = -1) {
   Graph g;
   Node a;
   a.id = "fc1";
@@ -935,6 +958,8 @@ Graph SplitLayers(double cut_bytes) {
   Node b = a;
   b.id = "fc2";
   b.activation_bytes = 1e3;
+  a.weights_in_product = product == 0;
+  b.weights_in_product = product == 1;
   const int u = g.AddNode(a);
   const int v = g.AddNode(b);
   EXPECT_TRUE(g.AddEdge(u, v).ok());
@@ -945,6 +970,39 @@ Graph SplitLayers(double cut_bytes) {
 bool HasNote(const Plan& plan, absl::string_view text) {
   return std::any_of(plan.notes.begin(), plan.notes.end(),
                      [&](const std::string& n) { return absl::StrContains(n, text); });
+}
+
+// As above, with fc2 a product node (a Linear after fc1, whose weights
+// make pass 1 run through it): on the first stage its part starts in pass
+// 1, so its 5 MB travel behind the whole 100 ms backward of a replica's
+// micro-batch, fc1's behind the 50 ms of weight gradients: a window of
+// 75 ms, 25 ms of the 100 ms all-reduce left. fc1 as the product node
+// instead (its input is the data: pass 1 never reaches it) hides no more.
+TEST(OptimizerTest, TheFirstStagesProductNodesHideTheirAllReduceBehindTheWholeBackward) {
+  absl::StatusOr<Cluster> slow = MakeCluster(2, "2:1e8", "", "");
+  ASSERT_TRUE(slow.ok());
+  PlannerOptions o;
+  o.split_backward = true;
+  for (const bool second : {true, false}) {
+    SCOPED_TRACE(second ? "fc2 in a product" : "fc1 in a product");
+    const Graph g = SplitLayers(1e3, second ? 1 : 0);
+    absl::StatusOr<Plan> dp = DataParallelPlan(g, *slow, o);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    ASSERT_EQ(dp->micro_batches, 2);
+    const double window = second ? 0.075 : 0.05;
+    EXPECT_NEAR(dp->stages[0].allreduce_window_seconds, window, 1e-12);
+    EXPECT_NEAR(dp->stages[0].allreduce_seconds, 0.1 - window, 1e-9);
+    EXPECT_NEAR(dp->bottleneck_seconds, 0.15 + 0.1 - window, 1e-9);
+    EXPECT_EQ(HasNote(*dp, "hidden behind its last micro-batch's backward"), second)
+        << absl::StrJoin(dp->notes, "; ");
+    SimulationOptions sim;
+    sim.iterations = 32;
+    absl::StatusOr<SimulationResult> run =
+        Simulate(*dp, *slow, schedule::ScheduleKind::kDataParallel, sim);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_NEAR(run->mini_batches_per_second, dp->mini_batches_per_second,
+                0.03 * dp->mini_batches_per_second);
+  }
 }
 
 // Two replicas (m = 2) of the two layers: 150 ms of compute each and a ring

@@ -147,8 +147,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
       }
       allreduce[s] = ExposedAllReduceSeconds(
           ring,
-          RingAllReduceCpuShare(st.allreduce_bandwidth,
-                                cluster.transfer_cpu_seconds_per_byte),
+          cluster.AllReduceCpuShare(st.allreduce_bandwidth),
           st.allreduce_window_seconds / slowest);
     }
   }

@@ -247,6 +247,27 @@ std::vector<std::pair<double, double>> AllReduceFactors(
   return out;
 }
 
+double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec) {
+  // The compute lost where measured, else the process's CPU.
+  bool lost = false;
+  for (const auto& a : spec.allreduces()) lost |= a.compute_lost_seconds() > 0;
+  const auto figure = [&](const apapo::v1::AllReduceMeasurement& a) {
+    const double f = lost ? a.compute_lost_seconds() : a.cpu_seconds();
+    return a.ranks() >= 2 && a.bytes() > 0 && f > 0 && std::isfinite(f) ? f : 0.0;
+  };
+  int64_t largest = 0;
+  for (const auto& a : spec.allreduces()) {
+    if (figure(a) > 0) largest = std::max(largest, a.bytes());
+  }
+  std::vector<double> per_byte;
+  for (const auto& a : spec.allreduces()) {
+    if (a.bytes() != largest || !(figure(a) > 0)) continue;
+    const double moved = 2.0 * (a.ranks() - 1) / a.ranks() * static_cast<double>(a.bytes());
+    per_byte.push_back(figure(a) / moved);
+  }
+  return per_byte.empty() ? 0.0 : MedianOf(per_byte);
+}
+
 std::vector<partitioner::Level> ClusterLevels(const apapo::v1::ClusterSpec& spec) {
   const int n = std::max(1, spec.workers_size());
   std::vector<partitioner::Level> levels;

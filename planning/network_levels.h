@@ -79,6 +79,14 @@ std::vector<std::pair<double, double>> TransferCpuScale(
 std::vector<std::pair<double, double>> AllReduceFactors(
     const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte);
 
+// pt::Cluster::allreduce_cpu_seconds_per_byte from what the workers timed:
+// the median over spec.allreduces of the largest size measured with its
+// figure, the compute it cost beside it (compute_lost_seconds) where any
+// has one, else its process CPU (cpu_seconds), over 2 (ranks - 1) / ranks
+// x bytes, the bytes each rank moves each way. 0 (not measured) when none
+// has a figure.
+double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec);
+
 // The planner's levels for `spec` (innermost first; spec.workers grouped in
 // order): each level's group size, bandwidth (the default where not
 // positive) and token bucket (none where not finite and positive). One

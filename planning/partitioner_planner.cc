@@ -47,6 +47,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
   cluster.allreduce_factor =
       AllReduceFactors(spec, cluster.transfer_cpu_seconds_per_byte);
+  cluster.allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
   return cluster;
 }
 

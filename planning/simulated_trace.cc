@@ -175,6 +175,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
   cluster.transfer_cpu_scale = TransferCpuScale(spec);
   cluster.allreduce_factor = AllReduceFactors(spec, cpu_per_byte);
+  cluster.allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
     double cpu = cluster.TransferCpuSeconds(whole[s]);
     if (s > 0) cpu += cluster.TransferCpuSeconds(whole[s - 1]);

@@ -293,22 +293,66 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
   return UnpackFigures(*figures, cpu_per_byte);
 }
 
-// Median wall time of `timed` all-reduces of `bytes` of float32 over group
-// 0 (every rank), after `warmups` untimed ones.
-absl::StatusOr<double> TimeAllReduce(Transport& t, int64_t bytes, int warmups,
-                                     int timed) {
+// Median wall and process CPU time of `timed` all-reduces of `bytes` of
+// float32 over group 0 (every rank), after `warmups` untimed ones.
+struct AllReduceTimes {
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int64_t bytes, int warmups,
+                                             int timed) {
   std::vector<at::Tensor> tensors = {
       torch::ones({std::max<int64_t>(1, bytes / 4)}, torch::kFloat)};
-  std::vector<double> times;
+  std::vector<double> times, cpu_times;
   warmups = std::max(1, warmups);
   for (int i = 0; i < warmups + std::max(1, timed); ++i) {
     const Clock::time_point start = Clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     if (absl::Status s = t.AllReduceSum(0, tensors); !s.ok()) return s;
+    const double cpu = ProcessCpuSeconds() - cpu_start;
     const double elapsed =
         std::chrono::duration<double>(Clock::now() - start).count();
-    if (i >= warmups) times.push_back(elapsed);
+    if (i >= warmups) {
+      times.push_back(elapsed);
+      cpu_times.push_back(std::max(0.0, cpu));
+    }
   }
-  return Median(times);
+  return AllReduceTimes{Median(times), Median(cpu_times)};
+}
+
+// The compute a core loses to one all-reduce of `bytes` running beside it
+// (AllReduceMeasurement.compute_lost_seconds): `timed` times, a loop of
+// 128 x 128 matrix products runs alone for `window` seconds, then as long
+// again after the all-reduce starts in parts; the loss is the window times
+// the share of products the second run did not do. Every rank runs the
+// same steps, in step from the previous finish. The median.
+absl::StatusOr<double> AllReduceComputeLoss(Transport& t, int64_t bytes, double window,
+                                            int timed) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor a = torch::rand({128, 128});
+  const at::Tensor b = torch::rand({128, 128});
+  at::Tensor c = torch::empty({128, 128});
+  const auto products_in = [&](double seconds) {
+    int64_t n = 0;
+    const Clock::time_point start = Clock::now();
+    do {
+      at::mm_out(c, a, b);
+      ++n;
+    } while (std::chrono::duration<double>(Clock::now() - start).count() < seconds);
+    return n;
+  };
+  const std::vector<at::Tensor> tensors = {
+      torch::ones({std::max<int64_t>(1, bytes / 4)}, torch::kFloat)};
+  std::vector<double> lost;
+  for (int i = 0; i < std::max(1, timed); ++i) {
+    const int64_t alone = products_in(window);
+    if (absl::Status s = t.StartAllReduceSum(0, tensors); !s.ok()) return s;
+    const int64_t beside = products_in(window);
+    if (auto sums = t.FinishAllReduceSums(0); !sums.ok()) return sums.status();
+    lost.push_back(window * std::max(0.0, 1.0 - static_cast<double>(beside) /
+                                                   static_cast<double>(alone)));
+  }
+  return Median(lost);
 }
 
 // The all-reduces of the link test (see the header): message_bytes, then
@@ -316,25 +360,33 @@ absl::StatusOr<double> TimeAllReduce(Transport& t, int64_t bytes, int warmups,
 absl::StatusOr<std::vector<apapo::v1::AllReduceMeasurement>> TimeAllReduces(
     Transport& t, int world, const LinkProfileOptions& o) {
   std::vector<apapo::v1::AllReduceMeasurement> out;
-  auto add = [&](int64_t bytes, double seconds) {
+  auto add = [&](int64_t bytes, const AllReduceTimes& times) {
     apapo::v1::AllReduceMeasurement& m = out.emplace_back();
     m.set_ranks(world);
     m.set_bytes(4 * std::max<int64_t>(1, bytes / 4));
-    m.set_seconds(seconds);
+    m.set_seconds(times.seconds);
+    m.set_cpu_seconds(times.cpu_seconds);
   };
-  absl::StatusOr<double> small =
+  absl::StatusOr<AllReduceTimes> small =
       TimeAllReduce(t, o.message_bytes, o.warmup_round_trips, o.round_trips);
   if (!small.ok()) return small.status();
   add(o.message_bytes, *small);
-  if (o.large_allreduce_bytes <= o.message_bytes) return out;
-  // The ranks' medians differ a little; their mean is the same everywhere.
-  std::vector<at::Tensor> mean = {torch::full({1}, *small, torch::kFloat)};
+  // What it costs a replica computing beside it, over 1.5 times its time
+  // (at least 10 ms), three times. The ranks' medians differ a little:
+  // every rank takes their mean, so all run as long.
+  std::vector<at::Tensor> mean = {torch::full({1}, small->seconds, torch::kFloat)};
   if (absl::Status s = t.AllReduceSum(0, mean); !s.ok()) return s;
-  const double scaled = mean[0].item<double>() / world *
+  const double mean_seconds = mean[0].item<double>() / world;
+  absl::StatusOr<double> lost =
+      AllReduceComputeLoss(t, o.message_bytes, std::max(0.01, 1.5 * mean_seconds), 3);
+  if (!lost.ok()) return lost.status();
+  out.back().set_compute_lost_seconds(*lost);
+  if (o.large_allreduce_bytes <= o.message_bytes) return out;
+  const double scaled = mean_seconds *
                         static_cast<double>(o.large_allreduce_bytes) /
                         static_cast<double>(o.message_bytes);
   if (!(scaled <= o.large_allreduce_budget_seconds)) return out;
-  absl::StatusOr<double> large =
+  absl::StatusOr<AllReduceTimes> large =
       TimeAllReduce(t, o.large_allreduce_bytes, 1, o.round_trips);
   if (!large.ok()) return large.status();
   add(o.large_allreduce_bytes, *large);

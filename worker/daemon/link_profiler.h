@@ -17,7 +17,10 @@
 //            same link;
 //   reduce   every rank together: `warmup_round_trips`, then `round_trips`
 //            all-reduces of `message_bytes` of float32 (the median is
-//            reported); then one all-reduce of each rank's median, and
+//            reported, with its process CPU time); then one all-reduce of
+//            each rank's median; three times a matrix product loop runs
+//            for 1.5x their mean alone, then as long beside an all-reduce
+//            of the same size (the compute it cost); and
 //            where the mean, scaled to `large_allreduce_bytes`, fits
 //            `large_allreduce_budget_seconds`, one warm-up and
 //            `round_trips` all-reduces of that size (every rank reads the

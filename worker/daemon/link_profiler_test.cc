@@ -107,6 +107,13 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
     EXPECT_EQ(out[rank].allreduces[0].ranks(), 2);
     EXPECT_EQ(out[rank].allreduces[0].bytes(), 4 << 20);
     EXPECT_GT(out[rank].allreduces[0].seconds(), 0);
+    // Its CPU in this process: the sums and copies of 4 MiB take some.
+    EXPECT_GT(out[rank].allreduces[0].cpu_seconds(), 0);
+    // The compute lost beside it: both ranks are threads of this process on
+    // this host's cores, so any share of the window.
+    EXPECT_GE(out[rank].allreduces[0].compute_lost_seconds(), 0);
+    EXPECT_LE(out[rank].allreduces[0].compute_lost_seconds(),
+              std::max(0.01, 1.5 * out[rank].allreduces[0].seconds()) * 1.5);
   }
   // The CPU figure is each side's own. Both ranks share this process, so
   // each counts both ends' copies; still, the process cannot have used
