@@ -180,6 +180,20 @@ double Graph::TotalParameterBytes() const {
   return total;
 }
 
+std::vector<double> Graph::PassOneProductBytes() const {
+  std::vector<double> out(nodes_.size(), 0.0);
+  absl::StatusOr<std::vector<int>> order = TopologicalOrder();
+  if (!order.ok()) return out;
+  std::vector<bool> after_params(nodes_.size(), false);
+  for (int v : *order) {
+    for (int p : pred_[v]) {
+      if (after_params[p] || nodes_[p].parameter_bytes > 0) after_params[v] = true;
+    }
+    if (after_params[v] && nodes_[v].weights_in_product) out[v] = nodes_[v].parameter_bytes;
+  }
+  return out;
+}
+
 double AddedGradientBytes(const Graph& graph, const std::vector<int>& nodes,
                           bool split_backward) {
   double bytes = 0;

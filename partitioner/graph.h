@@ -126,6 +126,11 @@ class Graph {
 
   double TotalComputeSeconds() const;
   double TotalParameterBytes() const;
+  // Per node: its parameter_bytes where its weight gradient is one product
+  // (weights_in_product) and a parameter-holding node precedes it, else 0.
+  // On a first stage those nodes' all-reduce parts start in pass 1, which
+  // runs through them (AllReduceWindowSeconds); all zeros on a cycle.
+  std::vector<double> PassOneProductBytes() const;
 
  private:
   std::vector<Node> nodes_;

@@ -29,6 +29,33 @@ TEST(GraphTest, TopologicalOrderFollowsEdges) {
   EXPECT_DOUBLE_EQ(g.TotalComputeSeconds(), 3);
 }
 
+// Pass 1 runs through a product node only where parameters precede it:
+// not the first Linear on the data, nor one after parameter-free nodes only;
+// a branch joining after a parameter-holding node counts.
+TEST(GraphTest, PassOneProductBytesAreProductNodesAfterParameters) {
+  Graph g;
+  const auto add = [&](const std::string& id, double bytes, bool product) {
+    Node n = MakeNode(id);
+    n.parameter_bytes = bytes;
+    n.weights_in_product = product;
+    return g.AddNode(n);
+  };
+  const int input = add("input", 0, false);
+  const int fc1 = add("fc1", 100, true);
+  const int relu = add("relu", 0, false);
+  const int fc2 = add("fc2", 200, true);
+  const int side = add("side", 50, true);  // on the data, beside fc1
+  const int head = add("head", 30, true);  // joins fc2 and side
+  ASSERT_TRUE(g.AddEdge(input, fc1).ok());
+  ASSERT_TRUE(g.AddEdge(fc1, relu).ok());
+  ASSERT_TRUE(g.AddEdge(relu, fc2).ok());
+  ASSERT_TRUE(g.AddEdge(input, side).ok());
+  ASSERT_TRUE(g.AddEdge(fc2, head).ok());
+  ASSERT_TRUE(g.AddEdge(side, head).ok());
+  ASSERT_TRUE(g.Validate().ok());
+  EXPECT_EQ(g.PassOneProductBytes(), (std::vector<double>{0, 0, 0, 200, 0, 30}));
+}
+
 TEST(GraphTest, RejectsCycleWithTheEdgeLine) {
   Graph g;
   const int a = g.AddNode(MakeNode("a"));

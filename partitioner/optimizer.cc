@@ -64,9 +64,7 @@ struct WorkGraph {
   std::vector<double> compute, params, acts;
   std::vector<double> weight_gradients;  // Node::weight_gradient_seconds
   std::vector<double> backward;          // Node::backward_seconds
-  // FirstStageHookedBytes: a product node's parameter bytes where a
-  // parameter-holding node precedes it, else 0.
-  std::vector<double> hooked_params;
+  std::vector<double> hooked_params;  // Graph::PassOneProductBytes
   std::vector<double> cut;  // Node::cut_bytes: what a cut after it sends
 };
 
@@ -123,16 +121,8 @@ WorkGraph BuildWorkGraph(const Graph& graph, double rho) {
       if (--indegree[s] == 0) w.topo.push_back(s);
     }
   }
-  std::vector<bool> after_params(w.n, false);  // a parameter-holding ancestor
-  w.hooked_params.assign(w.n, 0.0);
-  for (int v : w.topo) {
-    for (int p : w.pred[v]) {
-      if (after_params[p] || w.params[p] > 0) after_params[v] = true;
-    }
-    if (after_params[v] && graph.node(w.original[v]).weights_in_product) {
-      w.hooked_params[v] = w.params[v];
-    }
-  }
+  const std::vector<double> hooked = graph.PassOneProductBytes();
+  for (int v : w.original) w.hooked_params.push_back(hooked[v]);
   return w;
 }
 

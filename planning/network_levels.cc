@@ -268,6 +268,13 @@ double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec) {
   return per_byte.empty() ? 0.0 : MedianOf(per_byte);
 }
 
+void SetMeasuredCosts(const apapo::v1::ClusterSpec& spec, partitioner::Cluster* cluster) {
+  cluster->transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
+  cluster->transfer_cpu_scale = TransferCpuScale(spec);
+  cluster->allreduce_factor = AllReduceFactors(spec, cluster->transfer_cpu_seconds_per_byte);
+  cluster->allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
+}
+
 std::vector<partitioner::Level> ClusterLevels(const apapo::v1::ClusterSpec& spec) {
   const int n = std::max(1, spec.workers_size());
   std::vector<partitioner::Level> levels;

@@ -87,6 +87,11 @@ std::vector<std::pair<double, double>> AllReduceFactors(
 // has a figure.
 double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec);
 
+// Sets `cluster`'s figures measured while profiling: the transfers' CPU
+// per byte and its scale with size, the all-reduce factors and the
+// all-reduce's CPU per byte (the functions above).
+void SetMeasuredCosts(const apapo::v1::ClusterSpec& spec, partitioner::Cluster* cluster);
+
 // The planner's levels for `spec` (innermost first; spec.workers grouped in
 // order): each level's group size, bandwidth (the default where not
 // positive) and token bucket (none where not finite and positive). One

@@ -43,11 +43,7 @@ absl::StatusOr<pt::Cluster> ToCluster(const apapo::v1::ClusterSpec& spec) {
   }
   if (!heterogeneous) cluster.speeds.clear();
   cluster.memory_bytes = memory;
-  cluster.transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
-  cluster.transfer_cpu_scale = TransferCpuScale(spec);
-  cluster.allreduce_factor =
-      AllReduceFactors(spec, cluster.transfer_cpu_seconds_per_byte);
-  cluster.allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
+  SetMeasuredCosts(spec, &cluster);
   return cluster;
 }
 

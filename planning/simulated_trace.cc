@@ -84,10 +84,12 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       static_cast<double>(profile.batch_size()) * per_micro);
   double total_params = 0;
   for (const pt::Node& n : graph->nodes()) total_params += n.parameter_bytes;
+  const std::vector<double> pass_one_products = graph->PassOneProductBytes();
   for (int s = 0; s < plan.stages_size(); ++s) {
     const apapo::v1::Stage& stage = plan.stages(s);
     pt::StagePlan st;
     st.replicas = std::max(1, stage.replicas());
+    double pass_one_bytes = 0;  // the first stage's (AllReduceWindowSeconds)
     for (const auto& replica : stage.placement()) {
       auto it = worker_index.find(replica.worker_id());
       st.workers.push_back(it == worker_index.end() ? 0 : it->second);
@@ -104,6 +106,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
       st.backward_seconds += graph->node(v).backward_seconds * per_micro;
       st.parameter_bytes += graph->node(v).parameter_bytes;
       st.backward_weight_seconds += graph->node(v).weight_gradient_seconds() * per_micro;
+      if (s == 0) pass_one_bytes += pass_one_products[v];
     }
     // A replicated stage's all-reduce starts in parts behind its last
     // micro-batch's weight gradients, on every stage (the optimizer's
@@ -125,7 +128,10 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     st.backward_weight_seconds =
         row_scale * std::min(st.backward_weight_seconds, st.backward_seconds);
     if (st.replicas > 1) {
-      st.allreduce_window_seconds = row_scale * std::min(window, st.backward_seconds);
+      st.allreduce_window_seconds =
+          row_scale * pt::AllReduceWindowSeconds(std::min(window, st.backward_seconds),
+                                                 st.backward_seconds, pass_one_bytes,
+                                                 st.parameter_bytes);
     }
     st.backward_seconds *= row_scale;
     // A replica's later micro-batches add their gradients into the first's
@@ -171,11 +177,8 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   // its CPU, activations in and out forward, their gradients backward.
   // Each is one micro-batch's message, whose CPU per byte
   // grows with its size (pt::Cluster::TransferCpuPerByte).
-  const double cpu_per_byte = TransferCpuSecondsPerByte(spec.links());
-  cluster.transfer_cpu_seconds_per_byte = cpu_per_byte;
-  cluster.transfer_cpu_scale = TransferCpuScale(spec);
-  cluster.allreduce_factor = AllReduceFactors(spec, cpu_per_byte);
-  cluster.allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
+  SetMeasuredCosts(spec, &cluster);
+  const double cpu_per_byte = cluster.transfer_cpu_seconds_per_byte;
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
     double cpu = cluster.TransferCpuSeconds(whole[s]);
     if (s > 0) cpu += cluster.TransferCpuSeconds(whole[s - 1]);

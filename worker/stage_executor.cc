@@ -575,22 +575,29 @@ struct StageExecutor::Impl {
       // hooks hide its buckets behind the whole backward. A node pass 1 does
       // not run through (a first Linear on the data) gets no call: pass 2
       // computes it.
+      // A product node's weight gradient, added into grad_acc in place.
+      const auto product = [&](const StageForward::ParamNodeOutput& po,
+                               const at::Tensor& g) -> absl::Status {
+        if (absl::Status st = AddWeightProduct(po, g, j, grads); !st.ok()) return st;
+        in_place[po.first_param] = true;
+        return absl::OkStatus();
+      };
       std::vector<bool> in_pass1(s.param_outputs.size(), false);
       std::vector<std::pair<size_t, unsigned>> hooks;
       absl::Status hook_status;
-      if (start_parts && send == nullptr && layout().is_first) {
+      if (start_parts && layout().is_first) {
         grads.resize(params.size());
         for (size_t n = 0; n < s.param_outputs.size(); ++n) {
           const auto& po = s.param_outputs[n];
           if (!po.product_input.defined()) continue;
           hooks.emplace_back(n, po.output.register_hook([&, n](const at::Tensor& g) {
             if (!hook_status.ok() || in_pass1[n] || !g.defined()) return;
-            hook_status = AddWeightProduct(s.param_outputs[n], g, j, grads);
-            if (!hook_status.ok()) return;
+            const auto& node = s.param_outputs[n];
             in_pass1[n] = true;
-            in_place[s.param_outputs[n].first_param] = true;
-            hook_status = finish(s.param_outputs[n].first_param, s.param_outputs[n].num_params,
-                                 /*in_pass1=*/true);
+            hook_status = product(node, g);
+            if (hook_status.ok()) {
+              hook_status = finish(node.first_param, node.num_params, /*in_pass1=*/true);
+            }
           }));
         }
       }
@@ -646,8 +653,7 @@ struct StageExecutor::Impl {
         const auto& po = s.param_outputs[n];
         if (in_pass1[n]) continue;  // computed and started in pass 1
         if (g.defined() && po.product_input.defined()) {
-          if (absl::Status st = AddWeightProduct(po, g, j, grads); !st.ok()) return st;
-          in_place[po.first_param] = true;
+          if (absl::Status st = product(po, g); !st.ok()) return st;
         } else if (g.defined()) {
           std::vector<at::Tensor> own(params.begin() + po.first_param,
                                       params.begin() + po.first_param + po.num_params);
