@@ -507,6 +507,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   // gains more than kMinSplitGain, the margin of the cost model's error.
   constexpr double kMinSplitGain = 1.03;
   std::vector<std::pair<std::string, int>> splits;
+  std::string split_note;
   const double unsplit_samples_per_second = plan->samples_per_second;
   const bool may_split = !spec.schedule().has_split_layers() ||
                          spec.schedule().split_layers();
@@ -527,6 +528,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
       trial_base.micro_batches = asked_options->micro_batches;
     }
     const std::vector<std::string> candidates = pt::SplitCandidates(profile, 0.05);
+    // The best trial, kept or not: where none gains the margin, the plan
+    // says what splitting would have given (a slower worker's stage may
+    // then compute for less time than the other's: no cut inside a layer
+    // moves less than one part, and every part costs the split's scale).
+    std::string best_trial;
+    double best_trial_rate = 0;
     for (int parts : {2, 4, 8}) {
       std::vector<std::pair<std::string, int>> trial;
       for (const auto& node : profile.nodes()) {
@@ -549,6 +556,13 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
         trial_note =
             WeighMicroBatches(spec, *split_graph, *cluster, &trial_options, &*split_plan);
       }
+      if (split_plan.ok() && split_plan->stages.size() > 1 &&
+          split_plan->samples_per_second > best_trial_rate) {
+        best_trial_rate = split_plan->samples_per_second;
+        std::vector<std::string> names;
+        for (const auto& [id, n] : trial) names.push_back(id);
+        best_trial = absl::StrFormat("%s in %d parts each", absl::StrJoin(names, ", "), parts);
+      }
       // The best of the part counts, if it beats the unsplit plan by the
       // margin (not each count against the previous one).
       if (split_plan.ok() && split_plan->stages.size() > 1 &&
@@ -561,6 +575,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
         options = trial_options;
         micro_note = std::move(trial_note);
       }
+    }
+    if (splits.empty() && !best_trial.empty()) {
+      split_note = absl::StrFormat(
+          "layers kept whole: the best column split weighed, %s, was predicted "
+          "at %.0f samples/s against %.0f unsplit (%.2fx needed)",
+          best_trial, best_trial_rate, unsplit_samples_per_second, kMinSplitGain);
     }
     // Keep only the splits a stage boundary runs through: a layer whose
     // parts all land in one stage computes faster whole (one larger GEMM,
@@ -616,6 +636,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
         "%.0f unsplit",
         absl::StrJoin(names, ", "), splits.front().second, plan->samples_per_second,
         unsplit_samples_per_second));
+  } else if (!split_note.empty()) {
+    out.add_notes(split_note);
   }
   // "w<index>" -> the registry's worker ids.
   for (auto& stage : *out.mutable_stages()) {

@@ -324,6 +324,26 @@ TEST(PartitionerPlannerTest, SplitsWideLayersWhenThatBalancesStages) {
             1.1 * unsplit->prediction().samples_per_second());
 }
 
+// Where a whole-layer cut already balances the stages, a split gains
+// nothing past its cost: the layers stay whole, and the plan says what the
+// best split weighed was predicted at.
+TEST(PartitionerPlannerTest, ASplitThatGainsLessThanTheMarginIsNamedInANote) {
+  PartitionerPlanner planner;
+  auto spec = Spec();
+  spec.mutable_schedule()->clear_micro_batches();
+  auto plan = planner.MakePlan(spec, Chain("mlp", 0.02, 2048), TwoWorkers(1e9));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages_size(), 2) << plan->DebugString();
+  EXPECT_EQ(plan->splits_size(), 0) << plan->DebugString();
+  EXPECT_THAT(plan->notes(),
+              testing::Contains(testing::MatchesRegex(
+                  "layers kept whole: the best column split weighed, fc0, fc1, fc2, fc3 "
+                  "in [248] parts each, was predicted at [0-9]+ samples/s against "
+                  "[0-9]+ unsplit \\(1\\.03x needed\\)")))
+      << plan->DebugString();
+  EXPECT_THAT(plan->notes(), testing::Not(testing::Contains(testing::HasSubstr("column-wise"))));
+}
+
 TEST(PartitionerPlannerTest, ExplicitDataParallelReplicatesOneStage) {
   PartitionerPlanner planner;
   auto spec = Spec();

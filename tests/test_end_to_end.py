@@ -810,7 +810,7 @@ class CgroupLimitTest(unittest.TestCase):
         got = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job.id), timeout=30)
         speeds = {w.worker_id: w.relative_speed for w in got.cluster.workers}
         print(f"\nplanned speeds: {speeds}\n{describe_stages(got.plan)}\n" +
-              "\n".join(n for n in got.plan.notes if "speed" in n) + "\n" +
+              "\n".join(n for n in got.plan.notes if "speed" in n or "split" in n) + "\n" +
               "\n".join(e for e in events if e.startswith("plan checked")), flush=True)
         # A half-core worker, give or take this machine's noise.
         self.assertLess(speeds["w-2"], 0.75 * speeds["w-1"], speeds)
@@ -822,8 +822,7 @@ class CgroupLimitTest(unittest.TestCase):
         # with the faster worker placed on the heavier stage: a run here on
         # 49f4120 read w-2 at 0.39x, where the cut after relu1 leaves it
         # fc1's 28% of the weights, so the per-worker DP found the same cut
-        # (no note) and nothing was split. The balance below is what each
-        # must give.
+        # (no note) and nothing was split.
         heavier = max(got.plan.stages, key=lambda st: st.parameter_bytes)
         self.assertTrue(any("workers planned each at its own speed" in n
                             for n in got.plan.notes) or len(got.plan.splits) > 0 or
@@ -832,8 +831,19 @@ class CgroupLimitTest(unittest.TestCase):
         compute = {p.worker_id: st.compute_seconds for st in got.plan.stages
                    for p in st.placement}
         self.assertEqual(set(compute), {"w-1", "w-2"}, describe_stages(got.plan))
-        self.assertLess(max(compute.values()) / min(compute.values()), 1.5,
-                        describe_stages(got.plan))
+        # The half-core worker is never what binds (at the mean speed its
+        # even half would take about twice w-1's).
+        self.assertLess(compute["w-2"], 1.1 * compute["w-1"], describe_stages(got.plan))
+        # And the stages are balanced, unless the plan says why not: near
+        # 0.4x, whole layers leave w-2 idle a third of the time, and moving
+        # one part of fc2 to it costs about as much as it saves (2c419bb's CI
+        # read 0.415x and planned 0.0292 s against 0.0547 s; this test's
+        # profile from another run, planned with w-2 at 0.415x, predicted fc2
+        # in 8 parts at 1366 samples/s against 1365 whole).
+        self.assertTrue(max(compute.values()) / min(compute.values()) < 1.5 or
+                        any(n.startswith("layers kept whole: the best column split weighed")
+                            for n in got.plan.notes),
+                        describe_stages(got.plan) + "\n" + "\n".join(got.plan.notes))
         self.assertGreater(share_of_parameters(got.plan, "w-1"),
                            share_of_parameters(got.plan, "w-2"),
                            describe_stages(got.plan))
