@@ -72,6 +72,13 @@ absl::Status Graph::Validate(int* error_line) const {
                        "nodes' backward seconds (",
                        backward, ") it is part of, got ", update_seconds_));
   }
+  if (!std::isfinite(update_prediction_seconds_) || update_prediction_seconds_ < 0 ||
+      update_prediction_seconds_ > kMaxPredictionOverUpdate * update_seconds_) {
+    return fail(0, absl::StrCat("update_prediction_seconds must be finite, >= 0 "
+                                "and at most ", kMaxPredictionOverUpdate,
+                                "x update_seconds (", update_seconds_, "), got ",
+                                update_prediction_seconds_));
+  }
   for (size_t i = 0; i < micro_batch_costs_.size(); ++i) {
     const auto& [rows, scale] = micro_batch_costs_[i];
     if (!std::isfinite(rows) || rows < 1 ||

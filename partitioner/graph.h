@@ -101,6 +101,17 @@ class Graph {
   // finite, >= 0 and no more than the nodes' backward seconds.
   double update_seconds() const { return update_seconds_; }
   void set_update_seconds(double seconds) { update_seconds_ = seconds; }
+  // What the update of all the parameters costs on top of update_seconds
+  // where a stage predicts its weights (ModelProfile.
+  // update_prediction_seconds; async stages but the last, PlannerOptions::
+  // weight_prediction); not in the nodes' figures; 0 when unknown.
+  // Validate() checks it is finite, >= 0 and at most
+  // kMaxPredictionOverUpdate times update_seconds.
+  double update_prediction_seconds() const { return update_prediction_seconds_; }
+  void set_update_prediction_seconds(double seconds) {
+    update_prediction_seconds_ = seconds;
+  }
+  static constexpr double kMaxPredictionOverUpdate = 2;
 
   // Compute per sample at `rows` rows per micro-batch as a multiple of the
   // nodes' figures (ModelProfile.micro_batch_costs): (rows, scale) pairs,
@@ -139,6 +150,7 @@ class Graph {
   std::vector<std::vector<int>> pred_;
   absl::flat_hash_map<std::string, int> index_;  // first node with each id
   double update_seconds_ = 0;
+  double update_prediction_seconds_ = 0;
   std::vector<std::pair<double, double>> micro_batch_costs_;
   double accumulate_seconds_per_byte_ = 0;
 };

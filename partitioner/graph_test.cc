@@ -103,6 +103,15 @@ TEST(GraphTest, TheUpdateIsWithinTheBackward) {
   }
   g.set_update_seconds(0.5);
   EXPECT_TRUE(g.Validate().ok());
+  // A predicting stage's extra: finite, >= 0, at most twice the update.
+  for (const double bad : {std::nan(""), -0.1, 1.1}) {
+    g.set_update_prediction_seconds(bad);
+    const absl::Status s = g.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("update_prediction_seconds"), std::string::npos) << s;
+  }
+  g.set_update_prediction_seconds(1.0);
+  EXPECT_TRUE(g.Validate().ok());
 }
 
 }  // namespace

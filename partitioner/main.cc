@@ -55,6 +55,11 @@ ABSL_FLAG(bool, split_backward, true,
           "weight_gradients_in_product inside their product (the coordinator's "
           "schedule.split_backward, on unless a job turns it off); apapo cost "
           "model only, and no effect on PipeDream's profiles, which mark none");
+ABSL_FLAG(bool, weight_prediction, true,
+          "async: every stage but the last predicts its weights with its update "
+          "(the coordinator's schedule.weight_prediction), at the profile's "
+          "update_prediction_seconds more (apapo cost model; PipeDream's profiles "
+          "have none)");
 ABSL_FLAG(int, stages, 0,
           "exactly this many pipeline stages (0: the planner chooses)");
 ABSL_FLAG(int, replicas, 0,
@@ -168,6 +173,7 @@ int Run() {
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.deepen_for_links = options.max_in_flight > 0;
   options.split_backward = absl::GetFlag(FLAGS_split_backward);
+  options.weight_prediction = absl::GetFlag(FLAGS_weight_prediction);
   options.stages = absl::GetFlag(FLAGS_stages);
   options.replicas = absl::GetFlag(FLAGS_replicas);
   options.max_states = absl::GetFlag(FLAGS_max_states);
@@ -195,6 +201,8 @@ int Run() {
   const std::string name = ModelName(path);
   apapo::v1::Plan proto = PlanToProto(*plan, *graph, name);
   proto.set_split_backward(options.split_backward && *model == CostModel::kApapo);
+  proto.set_weight_prediction(options.weight_prediction && *model == CostModel::kApapo &&
+                              options.schedule == schedule::ScheduleKind::kAsync);
 
   if (absl::GetFlag(FLAGS_compare)) {
     struct Row {

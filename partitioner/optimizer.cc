@@ -719,6 +719,12 @@ struct LevelContext {
   // the whole update (outer levels take the inner level's times as they
   // are).
   double update_per_param_byte = 0;
+  // Graph::update_prediction_seconds over all the parameters' bytes where
+  // the stages predict their weights (PlannerOptions::weight_prediction),
+  // else 0: charged like the update, undivided on each replica, to a
+  // segment that does not end the model (the last stage's gradients are
+  // not delayed, so it does not predict).
+  double prediction_per_param_byte = 0;
   // Memory (level 0 only).
   double memory = 0;
   int total_workers = 1;
@@ -729,6 +735,13 @@ struct LevelContext {
   // Replicas every stage must have (0: any); one level only.
   int replicas = 0;
 };
+
+// Whether the plan's stages but the last predict their weights, at
+// Graph::update_prediction_seconds (PlannerOptions::weight_prediction).
+bool PredictsWeights(const PlannerOptions& options) {
+  return options.weight_prediction && options.cost_model == CostModel::kApapo &&
+         options.schedule == schedule::ScheduleKind::kAsync;
+}
 
 // Memory of a stage holding `params`/`acts` with y replicas and `depth`
 // micro-batches in flight under the schedule.
@@ -931,6 +944,10 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
           // update: the rest of it, (1 - 1/y), on top.
           const double update_work =
               ctx.inner == nullptr ? ctx.update_per_param_byte * params : 0;
+          const double prediction_work =
+              ctx.inner == nullptr && j != st.full
+                  ? ctx.prediction_per_param_byte * params
+                  : 0;
           // T(k, j, y) with the replicas at speed v is max(P[y] / v + Q[y]
           // + E(A[y], W[y] / v), R[y]): the work's share over the speed,
           // plus what does not scale with it (copies; the all-reduce A, of
@@ -950,7 +967,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
               qv[y] = (copies + ar_coef * frac4[y]) * inv[y];
               rv[y] = transfer * inv[y];
             } else {
-              pv[y] = work * inv[y] + update_work * (1.0 - inv[y]);
+              pv[y] = work * inv[y] + update_work * (1.0 - inv[y]) + prediction_work;
               qv[y] = copies * inv[y];
               av[y] = ar_coef * ring[y];
               wv[y] = window * inv[y];
@@ -1411,6 +1428,21 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     }
     stage.compute_seconds = compute / (r * slowest);
     stage.compute_seconds += stage.update_seconds * (1.0 - 1.0 / r) / slowest;
+    // Every stage but the last predicts its weights with its update, each
+    // replica all of it (added to update_seconds below, once the backward
+    // has given back the update the profile counts in it).
+    double prediction = 0;
+    if (PredictsWeights(options) && f.j != st.full && st.params[st.full] > 0) {
+      prediction = graph.update_prediction_seconds() * stage.parameter_bytes /
+                   st.params[st.full];
+      stage.compute_seconds += prediction / slowest;
+      if (prediction >= 5e-4) {
+        plan->notes.push_back(absl::StrFormat(
+            "stage %d predicts its weights (its gradients are delayed): its "
+            "update costs %.3g ms more per mini-batch, as measured while profiling",
+            s, 1e3 * prediction));
+      }
+    }
     const double adds = static_cast<double>(plan->micro_batches) / r - 1.0;
     if (accumulate > 0 && adds > 0) {
       const double added_bytes =
@@ -1471,6 +1503,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
         std::max(0.0, stage.backward_seconds - stage.update_seconds * per_micro);
     stage.backward_seconds =
         row_scale * backward_without_update + stage.accumulate_seconds * r * per_micro;
+    stage.update_seconds += prediction;
     if (options.split_backward && !pipedream && s > 0) {
       stage.backward_weight_seconds =
           row_scale * std::min(weight_gradients, backward_without_update) +
@@ -1851,6 +1884,10 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
       ctx.update_per_param_byte =
           options.cost_model == CostModel::kApapo && st.params[st.full] > 0
               ? graph.update_seconds() / st.params[st.full]
+              : 0;
+      ctx.prediction_per_param_byte =
+          PredictsWeights(options) && st.params[st.full] > 0
+              ? graph.update_prediction_seconds() / st.params[st.full]
               : 0;
       ctx.memory = cluster.memory_bytes;
       ctx.total_workers = cluster.num_workers();

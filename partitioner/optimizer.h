@@ -152,6 +152,11 @@ struct PlannerOptions {
   // micro-batch's weight gradients, which hide its link time, not its
   // copies (StagePlan::allreduce_window_seconds, every stage).
   bool split_backward = false;
+  // kApapo, kAsync: every stage but the last predicts its weights
+  // (ScheduleSpec.weight_prediction), whose update then costs
+  // Graph::update_prediction_seconds more, in proportion to its parameter
+  // bytes, on each replica.
+  bool weight_prediction = true;
   // Exactly this many pipeline stages (0: the planner chooses). The DP then
   // keeps, per state and unit count, the best for every count up to it
   // (LevelTable::NS), and plans only with that many; a count the cuts or

@@ -145,6 +145,7 @@ absl::StatusOr<Graph> GraphFromProfile(const apapo::v1::ModelProfile& profile,
     graph.AddNode(std::move(node));
   }
   graph.set_update_seconds(profile.update_seconds());
+  graph.set_update_prediction_seconds(profile.update_prediction_seconds());
   std::vector<std::pair<double, double>> costs;
   for (const apapo::v1::MicroBatchCost& c : profile.micro_batch_costs()) {
     costs.emplace_back(static_cast<double>(c.rows()), c.scale());

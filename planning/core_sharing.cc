@@ -27,6 +27,7 @@ void ScaleComputeTimes(double factor, apapo::v1::ModelProfile* profile) {
     node.set_backward_seconds(node.backward_seconds() * factor);
   }
   profile->set_update_seconds(profile->update_seconds() * factor);
+  profile->set_update_prediction_seconds(profile->update_prediction_seconds() * factor);
   profile->set_accumulate_seconds_per_byte(profile->accumulate_seconds_per_byte() *
                                            factor);
 }

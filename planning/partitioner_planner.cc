@@ -172,6 +172,7 @@ absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, in
   options.activation_compression_ratio =
       TransferCompressionRatio(spec.schedule().transfer_precision());
   options.split_backward = SplitBackwardRequested(spec);
+  options.weight_prediction = WeightPredictionRequested(spec);
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
   }
@@ -654,6 +655,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   out.set_transfer_precision(spec.schedule().transfer_precision());
   out.set_skip_zeros(SkipZerosRequested(spec));
   out.set_split_backward(SplitBackwardRequested(spec));
+  out.set_weight_prediction(options.weight_prediction &&
+                            options.schedule == apapo::schedule::ScheduleKind::kAsync);
   if (options.activation_compression_ratio != 1) {
     out.add_notes(
         "activations and gradients cross the cuts in bfloat16: the links "

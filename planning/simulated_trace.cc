@@ -123,6 +123,12 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
           graph->update_seconds() * st.parameter_bytes / total_params;
       st.backward_seconds =
           std::max(0.0, st.backward_seconds - st.update_seconds * per_micro);
+      // Stages but the last predict their weights with the update.
+      if (plan.weight_prediction() && p.schedule == apapo::schedule::ScheduleKind::kAsync &&
+          s + 1 < plan.stages_size()) {
+        st.update_seconds +=
+            graph->update_prediction_seconds() * st.parameter_bytes / total_params;
+      }
     }
     st.forward_seconds *= row_scale;
     st.backward_weight_seconds =

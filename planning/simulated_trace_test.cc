@@ -85,6 +85,37 @@ TEST(SimulatedTraceTest, TheRateIsTheBottleneckStagesOnTheGivenProfile) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// With weight prediction, stage 0 (not the last) updates for the
+// profile's update_prediction_seconds more: its 2 ms update becomes 3 ms,
+// and at 7 ms a mini-batch it binds at 8 / 0.007. The last stage, whose
+// gradients are not delayed, and a plan without prediction do not.
+TEST(SimulatedTraceTest, AStageThatPredictsItsWeightsUpdatesLonger) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  r.mutable_profile()->set_update_seconds(0.002);  // all stage 0's (a's bytes)
+  r.mutable_profile()->set_update_prediction_seconds(0.001);
+  auto optimizer_ns = [](const apapo::v1::StageTrace& t) {
+    for (const auto& span : t.spans()) {
+      if (span.kind() == apapo::v1::SPAN_KIND_OPTIMIZER) return span.duration_ns();
+    }
+    return int64_t{-1};
+  };
+  auto stashing = SimulatedTrace(r, 3);
+  ASSERT_TRUE(stashing.ok()) << stashing.status();
+  EXPECT_EQ(optimizer_ns((*stashing)[0]), 2000000);
+  absl::StatusOr<double> rate = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(rate.ok()) << rate.status();
+  EXPECT_NEAR(*rate, 8 / 0.006, 8 / 0.006 * 0.01);
+
+  r.mutable_plan()->set_weight_prediction(true);
+  auto predicting = SimulatedTrace(r, 3);
+  ASSERT_TRUE(predicting.ok()) << predicting.status();
+  EXPECT_EQ(optimizer_ns((*predicting)[0]), 3000000);
+  EXPECT_EQ(optimizer_ns((*predicting)[1]), 0);  // b holds no parameters
+  rate = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(rate.ok()) << rate.status();
+  EXPECT_NEAR(*rate, 8 / 0.007, 8 / 0.007 * 0.01);
+}
+
 // A slow link (50 kB/s: 10 ms each way for a micro-batch's 500 bytes)
 // binds the pipeline. A 400-byte token bucket on it passes most of each
 // transfer at once while the link idles, so stage 0's micro-batches come

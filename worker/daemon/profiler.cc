@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/random/random.h"
+#include "planning/stage_plan.h"
 #include "worker/checkpoint_store.h"
 #include "worker/daemon/transfer_cpu_probe.h"
 #include "worker/file_system.h"
@@ -90,6 +91,10 @@ struct NodeTimes {
 struct Calibration {
   double step_seconds = 0;    // forward + backward + update, median
   double update_seconds = 0;  // the optimizer update alone, median
+  // A predicting stage's update over update_seconds (ModelProfile.
+  // update_prediction_seconds), median of the passes' differences; 0 when
+  // not timed.
+  double update_prediction_seconds = 0;
   // (rows, forward + backward per row at `rows` over that at the
   // calibration's own rows), each at its fastest pass, ascending rows.
   std::vector<std::pair<int64_t, double>> row_costs;
@@ -227,7 +232,40 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   std::vector<at::Tensor> params = (*model)->InitParameters(spec.seed());
   auto optimizer = Optimizer::Create(spec.optimizer(), iterations + 1);
   if (!optimizer.ok()) return optimizer.status();
-  std::vector<double> steps, updates;
+  // A stage that predicts its weights (async, all but the last stage)
+  // updates as WeightStore::Update does with prediction_steps set: the
+  // step fused with the prediction, or the step and then Predict. Timed
+  // on an optimizer of its own, fed the same weights and gradients as the
+  // plain one (so their states stay alike), its outputs dropped; before
+  // the plain step on odd passes and after it on even ones, as the second
+  // of two passes over the same memory runs on warmer caches.
+  const apapo::v1::ScheduleKind kind = spec.schedule().kind();
+  std::unique_ptr<Optimizer> predicting;
+  if (planning::WeightPredictionRequested(spec) &&
+      (kind == apapo::v1::SCHEDULE_KIND_UNSPECIFIED ||
+       kind == apapo::v1::SCHEDULE_KIND_ASYNC)) {
+    auto o = Optimizer::Create(spec.optimizer(), iterations + 1);
+    if (!o.ok()) return o.status();
+    predicting = *std::move(o);
+  }
+  std::vector<at::Tensor> predicting_spare, predicted_spare;
+  auto time_predicting = [&](const std::vector<at::Tensor>& before,
+                             std::vector<at::Tensor>& grads, int64_t step) {
+    Optimizer::FusedPrediction fused;
+    fused.steps = 1;
+    fused.reuse = std::move(predicted_spare);
+    const Clock::time_point p0 = Clock::now();
+    std::vector<at::Tensor> next =
+        predicting->Step(before, grads, step, std::move(predicting_spare), &fused);
+    if (fused.out.empty()) {
+      fused.out = predicting->Predict(next, fused.steps, step, std::move(fused.reuse));
+    }
+    const double seconds = Seconds(p0, Clock::now());
+    predicting_spare = std::move(next);
+    predicted_spare = std::move(fused.out);
+    return seconds;
+  };
+  std::vector<double> steps, updates, prediction_extras;
   std::vector<std::vector<double>> row_times(smaller.size());
   std::vector<double> own_row_times;
   std::vector<at::Tensor> accumulated;
@@ -256,7 +294,13 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
       grads = torch::autograd::grad({out->loss}, trainable);
     }
     const Clock::time_point t1 = Clock::now();
-    if (!grads.empty() && grads.size() == params.size()) {
+    const bool updates_all = !grads.empty() && grads.size() == params.size();
+    double predicting_seconds = -1;
+    if (predicting != nullptr && updates_all && pass % 2 == 1) {
+      predicting_seconds = time_predicting(params, grads, pass);
+    }
+    const Clock::time_point t1b = Clock::now();
+    if (updates_all) {
       std::vector<at::Tensor> next =
           (*optimizer)->Step(params, grads, pass, std::move(spare));
       // The runtime recycles a version nobody reads; so does this.
@@ -264,9 +308,15 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
       params = std::move(next);
     }
     const Clock::time_point t2 = Clock::now();
+    if (predicting != nullptr && updates_all && pass % 2 == 0) {
+      predicting_seconds = time_predicting(spare, grads, pass);  // the weights before
+    }
     if (pass > 0) {
-      steps.push_back(Seconds(t0, t2));
-      updates.push_back(Seconds(t1, t2));
+      steps.push_back(Seconds(t0, t1) + Seconds(t1b, t2));
+      updates.push_back(Seconds(t1b, t2));
+      if (predicting_seconds >= 0) {
+        prediction_extras.push_back(predicting_seconds - Seconds(t1b, t2));
+      }
     }
     // The runtime adds each later micro-batch's gradients into the first's
     // (stage_executor.cc): timed on this pass's fresh gradients, into the
@@ -309,6 +359,7 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
     return v[v.size() / 2];
   };
   Calibration cal{median(steps), median(updates)};
+  cal.update_prediction_seconds = std::max(0.0, median(prediction_extras));
   // Each size's fastest pass, as the nodes keep theirs (a disturbance only
   // slows a pass: medians of the per-pass ratios put the mlp's 64 rows at
   // 0.86x and 1.14x in two profiles a minute apart). Bounded as the node
@@ -622,6 +673,8 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_model(graph->graph().name());
   profile->set_batch_size(batch);
   profile->set_update_seconds(total_params > 0 ? cal->update_seconds : 0);
+  profile->set_update_prediction_seconds(
+      total_params > 0 ? cal->update_prediction_seconds : 0);
   profile->set_accumulate_seconds_per_byte(cal->accumulate_seconds_per_byte);
   if (cal->row_costs.size() > 1) {
     for (const auto& [rows, cost] : cal->row_costs) {
@@ -651,9 +704,13 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
   profile->set_source(absl::StrFormat(
       "measured by apapo-worker: micro-batch of %d x %d, fastest of %d "
       "pass(es), scaled x%.3f to the median whole-model step (%.4g s, of "
-      "which the optimizer update %.4g s); gradients add at %.3g GB/s%s%s",
+      "which the optimizer update %.4g s%s); gradients add at %.3g GB/s%s%s",
       micro, batch / micro, iterations, factor, cal->step_seconds,
       cal->update_seconds,
+      profile->update_prediction_seconds() > 0
+          ? absl::StrFormat(", %.4g s more predicting the weights",
+                            profile->update_prediction_seconds())
+          : "",
       cal->accumulate_seconds_per_byte > 0 ? 1e-9 / cal->accumulate_seconds_per_byte : 0,
       row_costs.empty()
           ? ""

@@ -245,6 +245,35 @@ TEST(ProfileJobTest, TimesLinearLayersSplitUnlessTheSpecTurnsSplitsOff) {
   EXPECT_THAT(off->profile().source(), ::testing::Not(::testing::HasSubstr("split")));
 }
 
+// A stage that predicts its weights runs its update fused with the
+// prediction, which writes the predicted weights too: timed beside the
+// plain update, and not where the spec turns prediction off or its
+// schedule never predicts.
+TEST(ProfileJobTest, TimesTheUpdateOfAStageThatPredictsItsWeights) {
+  apapo::v1::ProfileCommand c = MlpCommand(2048, 2, 128, 1);
+  c.mutable_spec()->mutable_schedule()->set_split_layers(false);
+  auto result = ProfileJob(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const apapo::v1::ModelProfile& p = result->profile();
+  std::printf("%s\n", p.source().c_str());
+  // 22 MB of weights: the prediction's pass over them is milliseconds.
+  EXPECT_GT(p.update_prediction_seconds(), 0);
+  EXPECT_LE(p.update_prediction_seconds(), 2 * p.update_seconds());
+  EXPECT_THAT(p.source(), ::testing::HasSubstr("s more predicting the weights"));
+
+  c.mutable_spec()->mutable_schedule()->set_weight_prediction(false);
+  auto off = ProfileJob(c);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->profile().update_prediction_seconds(), 0);
+  EXPECT_THAT(off->profile().source(), ::testing::Not(::testing::HasSubstr("predicting")));
+
+  c.mutable_spec()->mutable_schedule()->clear_weight_prediction();
+  c.mutable_spec()->mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_1F1B_FLUSH);
+  auto flush = ProfileJob(c);
+  ASSERT_TRUE(flush.ok()) << flush.status();
+  EXPECT_EQ(flush->profile().update_prediction_seconds(), 0);
+}
+
 TEST(ProfileJobTest, BadSpecIsRefused) {
   apapo::v1::ProfileCommand c = MlpCommand(16, 1, 8, 2);
   c.mutable_spec()->mutable_model()->mutable_builtin()->set_name("nope");
