@@ -273,6 +273,16 @@ class GlooTransport : public Transport {
     return absl::OkStatus();
   }
 
+  bool AllReduceSumsDone(int group) override {
+    if (!CheckGroup(group).ok() || !groups_[group]) return true;
+    GroupBuffer& buffer = *buffers_[group];
+    absl::MutexLock buffer_lock(&buffer.mu);
+    for (const Started& part : buffer.started) {
+      if (part.work && !part.work->isCompleted()) return false;
+    }
+    return true;
+  }
+
   absl::StatusOr<std::vector<std::vector<at::Tensor>>> FinishAllReduceSums(
       int group) override {
     if (absl::Status st = CheckGroup(group); !st.ok()) return st;

@@ -102,6 +102,10 @@ class Transport {
                                          const std::vector<at::Tensor>& tensors) = 0;
   virtual absl::StatusOr<std::vector<std::vector<at::Tensor>>> FinishAllReduceSums(
       int group) = 0;
+  // Whether every part started on `group` since the last finish has
+  // completed (FinishAllReduceSums would not wait); true for a group
+  // without parts or out of range (FinishAllReduceSums says which).
+  virtual bool AllReduceSumsDone(int group) = 0;
   virtual TransportStats Stats() const = 0;
 };
 

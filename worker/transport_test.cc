@@ -412,6 +412,12 @@ TEST(GlooTransportTest, AllReduceInPartsSumsEachPartAsCopiedWhenStarted) {
       ASSERT_TRUE((*t)->StartAllReduceSum(0, given).ok()) << it << " " << k;
       for (auto& g : given) g.fill_(1e6);  // after the start: not summed
     }
+    // The parts complete on the group's threads; done says when.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!(*t)->AllReduceSumsDone(0) && absl::Now() < deadline) {
+      std::this_thread::yield();
+    }
+    EXPECT_TRUE((*t)->AllReduceSumsDone(0)) << "iteration " << it;
     auto sums = (*t)->FinishAllReduceSums(0);
     ASSERT_TRUE(sums.ok()) << sums.status();
     ASSERT_EQ(sums->size(), 3u) << "iteration " << it;
@@ -425,6 +431,7 @@ TEST(GlooTransportTest, AllReduceInPartsSumsEachPartAsCopiedWhenStarted) {
     }
   }
   // Nothing started: nothing to wait for.
+  EXPECT_TRUE((*t)->AllReduceSumsDone(0));
   auto none = (*t)->FinishAllReduceSums(0);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty());
@@ -460,6 +467,7 @@ TEST(GlooTransportTest, AllReducePartTheGroupNeverJoinsIsAnErrorNotAHang) {
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->StartAllReduceSum(0, {torch::ones({8})}).ok());
   ASSERT_TRUE((*t)->StartAllReduceSum(0, {torch::ones({4})}).ok());
+  EXPECT_FALSE((*t)->AllReduceSumsDone(0));  // the second part has no peer
   auto sums = (*t)->FinishAllReduceSums(0);
   done.Notify();
   peer.join();

@@ -19,8 +19,8 @@
 //            all-reduces of `message_bytes` of float32 (the median is
 //            reported, with its process CPU time); then one all-reduce of
 //            each rank's median; three times a matrix product loop runs
-//            for 1.5x their mean alone, then as long beside an all-reduce
-//            of the same size (the compute it cost); and
+//            for 1.5x their mean alone, then beside an all-reduce of the
+//            same size until it completes (the compute it cost); and
 //            where the mean, scaled to `large_allreduce_bytes`, fits
 //            `large_allreduce_budget_seconds`, one warm-up and
 //            `round_trips` all-reduces of that size (every rank reads the
