@@ -201,8 +201,7 @@ int Run() {
   const std::string name = ModelName(path);
   apapo::v1::Plan proto = PlanToProto(*plan, *graph, name);
   proto.set_split_backward(options.split_backward && *model == CostModel::kApapo);
-  proto.set_weight_prediction(options.weight_prediction && *model == CostModel::kApapo &&
-                              options.schedule == schedule::ScheduleKind::kAsync);
+  proto.set_weight_prediction(PredictsWeights(options));
 
   if (absl::GetFlag(FLAGS_compare)) {
     struct Row {

@@ -736,13 +736,6 @@ struct LevelContext {
   int replicas = 0;
 };
 
-// Whether the plan's stages but the last predict their weights, at
-// Graph::update_prediction_seconds (PlannerOptions::weight_prediction).
-bool PredictsWeights(const PlannerOptions& options) {
-  return options.weight_prediction && options.cost_model == CostModel::kApapo &&
-         options.schedule == schedule::ScheduleKind::kAsync;
-}
-
 // Memory of a stage holding `params`/`acts` with y replicas and `depth`
 // micro-batches in flight under the schedule.
 double StageMemory(schedule::ScheduleKind kind, double params, double acts,
@@ -2008,6 +2001,11 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
         "%d replica(s) per stage as asked", options.replicas));
   }
   return best;
+}
+
+bool PredictsWeights(const PlannerOptions& options) {
+  return options.weight_prediction && options.cost_model == CostModel::kApapo &&
+         options.schedule == schedule::ScheduleKind::kAsync;
 }
 
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

@@ -286,6 +286,12 @@ inline constexpr int kMaxWorkersEachAtItsSpeed = 16;
 absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                                   const PlannerOptions& options);
 
+// Whether a plan under `options` has its stages but the last predict
+// their weights, charged Graph::update_prediction_seconds
+// (PlannerOptions::weight_prediction; kApapo, kAsync only); Plan.
+// weight_prediction records it.
+bool PredictsWeights(const PlannerOptions& options);
+
 // The data-parallel plan (one stage, every worker a replica, or the
 // options.replicas fastest) under the same cost model, for comparisons.
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

@@ -655,8 +655,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   out.set_transfer_precision(spec.schedule().transfer_precision());
   out.set_skip_zeros(SkipZerosRequested(spec));
   out.set_split_backward(SplitBackwardRequested(spec));
-  out.set_weight_prediction(options.weight_prediction &&
-                            options.schedule == apapo::schedule::ScheduleKind::kAsync);
+  out.set_weight_prediction(pt::PredictsWeights(options));
   if (options.activation_compression_ratio != 1) {
     out.add_notes(
         "activations and gradients cross the cuts in bfloat16: the links "

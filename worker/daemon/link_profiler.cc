@@ -342,28 +342,27 @@ absl::StatusOr<double> AllReduceComputeLoss(Transport& t, int64_t bytes, double 
   // A peer that stops mid-way fails the finish at the transport's timeout;
   // the loop does not outlast this much beyond the window.
   const double cap = std::max(1.0, 20 * window);
+  // Products until `done(seconds so far)`: (products, seconds).
+  const auto products_until = [&](const auto& done) {
+    int64_t n = 0;
+    const Clock::time_point start = Clock::now();
+    double seconds = 0;
+    do {
+      at::mm_out(c, a, b);
+      ++n;
+      seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (!done(seconds));
+    return std::make_pair(static_cast<double>(n), seconds);
+  };
   std::vector<double> lost;
   for (int i = 0; i < std::max(1, timed); ++i) {
-    int64_t alone = 0;
-    Clock::time_point start = Clock::now();
-    double elapsed = 0;
-    do {
-      at::mm_out(c, a, b);
-      ++alone;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < window);
-    const double per_product = elapsed / static_cast<double>(alone);
+    const auto [alone, alone_seconds] =
+        products_until([&](double s) { return s >= window; });
     if (absl::Status s = t.StartAllReduceSum(0, tensors); !s.ok()) return s;
-    int64_t beside = 0;
-    start = Clock::now();
-    double during = 0;
-    do {
-      at::mm_out(c, a, b);
-      ++beside;
-      during = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (!t.AllReduceSumsDone(0) && during < cap);
+    const auto [beside, during] = products_until(
+        [&](double s) { return t.AllReduceSumsDone(0) || s >= cap; });
     if (auto sums = t.FinishAllReduceSums(0); !sums.ok()) return sums.status();
-    lost.push_back(std::max(0.0, during - static_cast<double>(beside) * per_product));
+    lost.push_back(std::max(0.0, during - beside * alone_seconds / alone));
   }
   return Median(lost);
 }
@@ -385,8 +384,9 @@ absl::StatusOr<std::vector<apapo::v1::AllReduceMeasurement>> TimeAllReduces(
   if (!small.ok()) return small.status();
   add(o.message_bytes, *small);
   // What it costs a replica computing beside it, three times (the loop
-  // alone timed over 1.5 times its time, at least 10 ms). The ranks' medians differ a little:
-  // every rank takes their mean, so all run as long.
+  // alone timed over 1.5 times its time, at least 10 ms). The ranks'
+  // medians differ a little: every rank takes their mean, so all run as
+  // long.
   std::vector<at::Tensor> mean = {torch::full({1}, small->seconds, torch::kFloat)};
   if (absl::Status s = t.AllReduceSum(0, mean); !s.ok()) return s;
   const double mean_seconds = mean[0].item<double>() / world;
