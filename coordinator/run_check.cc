@@ -128,11 +128,14 @@ std::map<std::string, apapo::v1::ProfileResult> CalibratedProfiles(
     }
     if (check.allreduce_factor.has_value()) {
       const double g = *check.allreduce_factor;
-      if (c.has_allreduce()) {
-        c.mutable_allreduce()->set_seconds(c.allreduce().seconds() * g);
-      }
-      if (c.has_large_allreduce()) {
-        c.mutable_large_allreduce()->set_seconds(c.large_allreduce().seconds() * g);
+      // Its time beside the compute with it: the pace beside compute
+      // against alone (the window factor) stays as measured.
+      for (apapo::v1::AllReduceMeasurement* a :
+           {c.has_allreduce() ? c.mutable_allreduce() : nullptr,
+            c.has_large_allreduce() ? c.mutable_large_allreduce() : nullptr}) {
+        if (a == nullptr) continue;
+        a->set_seconds(a->seconds() * g);
+        a->set_seconds_beside_compute(a->seconds_beside_compute() * g);
       }
     }
     out[w] = std::move(c);

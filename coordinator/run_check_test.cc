@@ -129,6 +129,7 @@ TEST(RunCheckTest, CalibratedProfilesScaleComputeAndAllReduce) {
     n->set_backward_seconds(0.2);
     r.mutable_profile()->set_update_seconds(0.05);
     r.mutable_allreduce()->set_seconds(0.01);
+    r.mutable_allreduce()->set_seconds_beside_compute(0.0125);
     r.mutable_large_allreduce()->set_seconds(0.2);
   }
   // An adopted job's profiles: one model profile, speeds relative to it.
@@ -142,6 +143,9 @@ TEST(RunCheckTest, CalibratedProfilesScaleComputeAndAllReduce) {
   EXPECT_NEAR(out["w-1"].profile().update_seconds(), 0.1, 1e-12);
   EXPECT_NEAR(out["w-2"].profile().nodes(0).forward_seconds(), 0.05, 1e-12);
   EXPECT_NEAR(out["w-2"].allreduce().seconds(), 0.03, 1e-12);
+  // Its time beside the compute scales with it: its pace there against
+  // alone, what the planner's window factor reads, stays as measured.
+  EXPECT_NEAR(out["w-2"].allreduce().seconds_beside_compute(), 0.0375, 1e-12);
   EXPECT_NEAR(out["w-2"].large_allreduce().seconds(), 0.6, 1e-12);
   // Not in the plan: unmeasured, its times kept; its speed relative to the
   // reference, whose profile doubled, doubles.

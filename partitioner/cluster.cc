@@ -226,6 +226,9 @@ std::string DescribeCluster(const Cluster& cluster) {
   for (const auto& [bytes, factor] : cluster.allreduce_factor) {
     absl::StrAppend(&out, ", all-reduce x", factor, " at ", bytes, " B");
   }
+  if (cluster.allreduce_window_factor < 1) {
+    absl::StrAppend(&out, ", all-reduce window x", cluster.allreduce_window_factor);
+  }
   return out;
 }
 

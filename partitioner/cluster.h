@@ -79,6 +79,17 @@ struct Cluster {
   // copies transfer_cpu_seconds_per_byte counts. 0: not measured (the
   // copies' figure stands in). AllReduceCpuShare.
   double allreduce_cpu_seconds_per_byte = 0;
+  // The share of a window's seconds that an all-reduce running beside the
+  // compute gets done, in [0, 1], measured while profiling
+  // (AllReduceMeasurement.seconds_beside_compute): beside the compute the
+  // all-reduce gets part of the core, so it runs at r = (seconds alone) /
+  // (seconds beside) of its pace alone, while the compute runs at 1 - q,
+  // q = (compute lost) / (seconds beside). A window of W seconds of compute
+  // alone lasts W / (1 - q) and gets W r / (1 - q) of the all-reduce done,
+  // at the cost of W q / (1 - q) more compute, which the all-reduce's CPU
+  // share already charges: net, the window hides W (r - q) / (1 - q) of
+  // it. 1: as if the all-reduce ran at its pace alone (not measured).
+  double allreduce_window_factor = 1;
 
   // CPU seconds per byte of a transfer whose messages are `message_bytes`:
   // transfer_cpu_seconds_per_byte times transfer_cpu_scale's factor at that
@@ -129,15 +140,21 @@ double RingAllReduceCpuShare(double bandwidth, double cpu_seconds_per_byte);
 // while the replica computes its last micro-batch's weight gradients for
 // `hidden_window` seconds (a split backward's second pass): the window
 // hides the link's time, not the copies and sums that run on the
-// replica's own core (`cpu_share`, RingAllReduceCpuShare):
-//   exposed = max(AR - W, AR x cpu_share)
-// (AR = allreduce_seconds, W = hidden_window). AR for a window of 0.
+// replica's own core (`cpu_share`, RingAllReduceCpuShare), and beside the
+// compute the all-reduce runs slower than alone, so a second of the window
+// hides `window_factor` seconds of it (Cluster::allreduce_window_factor):
+//   exposed = max(AR - W x window_factor, AR x cpu_share)
+// (AR = allreduce_seconds, W = hidden_window). AR for a window of 0. With
+// the window factor 1 it is the link's tail or the core's loss, whichever
+// is larger; below 1 the tail grows by what the slower pace left undone.
 // Inline: the planner's DP prices it for every replica count of a segment.
 inline double ExposedAllReduceSeconds(double allreduce_seconds,
-                                      double cpu_share, double hidden_window) {
+                                      double cpu_share, double hidden_window,
+                                      double window_factor) {
   if (!(allreduce_seconds > 0)) return 0;
   const double share = std::clamp(cpu_share, 0.0, 1.0);
-  return std::max(allreduce_seconds - std::max(0.0, hidden_window),
+  const double factor = std::clamp(window_factor, 0.0, 1.0);
+  return std::max(allreduce_seconds - std::max(0.0, hidden_window) * factor,
                   allreduce_seconds * share);
 }
 

@@ -904,13 +904,15 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         if (!pipedream) ar_coef *= ctx.cluster->AllReduceFactor(params);
         // With a split backward, the weight gradients of a replica's last
         // micro-batch hide the all-reduce's link time but not its copies'
-        // share: ExposedAllReduceSeconds(AR, cpu_share, W / y), W the
+        // share: ExposedAllReduceSeconds(AR, cpu_share, W / y, f), W the
         // segment's weight gradients on one speed-1 unit, one micro-batch
         // per replica (m is chosen after the DP), over the inner fan-out
         // like the parameters at outer levels, whose units' speeds the
-        // inner table already counts (the mean speed here).
+        // inner table already counts (the mean speed here), f the share of
+        // the window's seconds that hide it (Cluster::allreduce_window_factor).
         const double ar_cpu_share =
             ctx.cluster->AllReduceCpuShare(ctx.bandwidth);
+        const double ar_window_factor = ctx.cluster->allreduce_window_factor;
         // The first segment (k = 0, no stage before it) starts its product
         // nodes' parts in pass 1 (AllReduceWindowSeconds).
         const double window =
@@ -971,7 +973,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
             return std::max(
                 pv[y] * per_speed + qv[y] +
                     ExposedAllReduceSeconds(av[y], ar_cpu_share,
-                                            wv[y] * per_speed),
+                                            wv[y] * per_speed, ar_window_factor),
                 rv[y]);
           };
           // One speed for every unit (per_unit: the scan below prices each).
@@ -1517,7 +1519,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
       stage.allreduce_seconds = ExposedAllReduceSeconds(
           full_allreduce,
           cluster.AllReduceCpuShare(ar_bw),
-          stage.allreduce_window_seconds / slowest);
+          stage.allreduce_window_seconds / slowest, cluster.allreduce_window_factor);
       hidden |= stage.allreduce_seconds < full_allreduce;
     }
     // The stage's share of its transfers' copies: activations in and out
@@ -1575,6 +1577,16 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
               &note, absl::StrFormat(" (not the %.0f%% of it its replicas' cores run, as "
                                      "measured while profiling)",
                                      100 * cluster.AllReduceCpuShare(ar_bw)));
+        }
+        if (cluster.allreduce_window_factor < 1) {
+          absl::StrAppend(
+              &note, absl::StrFormat("; a second of that %s hides %.2f s of the "
+                                     "all-reduce, which runs slower beside the compute "
+                                     "than alone, as measured while profiling",
+                                     f.k == 0 && st.hooked_params[f.j] > 0
+                                         ? "backward"
+                                         : "compute",
+                                     cluster.allreduce_window_factor));
         }
       }
       plan->notes.push_back(std::move(note));

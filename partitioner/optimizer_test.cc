@@ -965,13 +965,26 @@ TEST(ClusterTest, TheWeightGradientsHideTheAllReducesLinkNotItsCopies) {
   EXPECT_DOUBLE_EQ(RingAllReduceCpuShare(1e9, 0.25e-9), 0.5);
   EXPECT_DOUBLE_EQ(RingAllReduceCpuShare(1e9, 1e-9), 1);  // copies bind
   EXPECT_DOUBLE_EQ(RingAllReduceCpuShare(0, 1e-9), 1);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0, 0.03), 0.07);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0.03), 0.07);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0.2), 0.05);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0, 0.2), 0);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 1, 0.2), 0.1);
-  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0), 0.1);
-  EXPECT_EQ(ExposedAllReduceSeconds(0, 0.5, 0.2), 0);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0, 0.03, 1), 0.07);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0.03, 1), 0.07);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0.2, 1), 0.05);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0, 0.2, 1), 0);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 1, 0.2, 1), 0.1);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.5, 0, 1), 0.1);
+  EXPECT_EQ(ExposedAllReduceSeconds(0, 0.5, 0.2, 1), 0);
+}
+
+// Beside the compute an all-reduce runs slower than alone: a window hides
+// its factor of its seconds, and the tail left grows; the core's share
+// still bounds it from below.
+TEST(ClusterTest, AnAllReduceSlowerBesideTheComputeHidesLessOfItsTime) {
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.2, 0.05, 0.6), 0.07);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.2, 0.05, 0), 0.1);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.2, 0.2, 0.6), 0.02);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.3, 0.15, 0.6), 0.03);
+  // Outside [0, 1] it is clamped.
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.2, 0.05, 2), 0.05);
+  EXPECT_DOUBLE_EQ(ExposedAllReduceSeconds(0.1, 0.2, 0.05, -1), 0.1);
 }
 
 // The all-reduce's CPU share: the copies' model, or what was measured
@@ -1088,6 +1101,29 @@ TEST(OptimizerTest, ASplitBackwardHidesTheAllReduceBehindTheLastWeightGradients)
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_NEAR(run->mini_batches_per_second, dp->mini_batches_per_second,
               0.03 * dp->mini_batches_per_second);
+
+  // Where the all-reduce runs at 0.6 of its pace alone beside the compute
+  // (its window factor), the 50 ms of weight gradients hide 30 ms of it:
+  // 70 ms are left, in the DP, the plan and the simulator alike.
+  Cluster slower = *slow;
+  slower.allreduce_window_factor = 0.6;
+  absl::StatusOr<Plan> paced = DataParallelPlan(g, slower, o);
+  ASSERT_TRUE(paced.ok()) << paced.status();
+  EXPECT_NEAR(paced->stages[0].allreduce_seconds, 0.1 - 0.6 * 0.05, 1e-9);
+  EXPECT_NEAR(paced->bottleneck_seconds, 0.15 + 0.07, 1e-9);
+  EXPECT_TRUE(HasNote(*paced, "30 ms of it hidden behind its last micro-batch's "
+                              "weight gradients; a second of that compute hides "
+                              "0.60 s of the all-reduce"))
+      << absl::StrJoin(paced->notes, "; ");
+  run = Simulate(*paced, slower, schedule::ScheduleKind::kDataParallel, sim);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NEAR(run->mini_batches_per_second, paced->mini_batches_per_second,
+              0.03 * paced->mini_batches_per_second);
+  absl::StatusOr<Plan> searched = PlanPipeline(g, slower, o);
+  ASSERT_TRUE(searched.ok()) << searched.status();
+  if (searched->stages.size() == 1) {
+    EXPECT_NEAR(searched->bottleneck_seconds, paced->bottleneck_seconds, 1e-9);
+  }
 
   // Without the split backward the replicas wait for all of it.
   PlannerOptions whole;

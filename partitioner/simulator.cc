@@ -148,7 +148,7 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
       allreduce[s] = ExposedAllReduceSeconds(
           ring,
           cluster.AllReduceCpuShare(st.allreduce_bandwidth),
-          st.allreduce_window_seconds / slowest);
+          st.allreduce_window_seconds / slowest, cluster.allreduce_window_factor);
     }
   }
   std::vector<Replica> reps;

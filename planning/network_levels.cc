@@ -268,11 +268,28 @@ double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec) {
   return per_byte.empty() ? 0.0 : MedianOf(per_byte);
 }
 
+double AllReduceWindowFactor(const apapo::v1::ClusterSpec& spec) {
+  std::vector<double> factors;
+  for (const auto& a : spec.allreduces()) {
+    const double beside = a.seconds_beside_compute();
+    if (a.ranks() < 2 || !(beside > 0) || !std::isfinite(beside) || !(a.seconds() > 0) ||
+        !std::isfinite(a.seconds()) || !(a.compute_lost_seconds() >= 0) ||
+        !std::isfinite(a.compute_lost_seconds())) {
+      continue;
+    }
+    const double r = std::min(1.0, a.seconds() / beside);
+    const double q = std::min(0.99, a.compute_lost_seconds() / beside);
+    factors.push_back(std::clamp((r - q) / (1 - q), 0.0, 1.0));
+  }
+  return factors.empty() ? 1.0 : MedianOf(factors);
+}
+
 void SetMeasuredCosts(const apapo::v1::ClusterSpec& spec, partitioner::Cluster* cluster) {
   cluster->transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster->transfer_cpu_scale = TransferCpuScale(spec);
   cluster->allreduce_factor = AllReduceFactors(spec, cluster->transfer_cpu_seconds_per_byte);
   cluster->allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
+  cluster->allreduce_window_factor = AllReduceWindowFactor(spec);
 }
 
 std::vector<partitioner::Level> ClusterLevels(const apapo::v1::ClusterSpec& spec) {

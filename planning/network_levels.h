@@ -87,9 +87,17 @@ std::vector<std::pair<double, double>> AllReduceFactors(
 // has a figure.
 double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec);
 
+// pt::Cluster::allreduce_window_factor from what the workers timed: over
+// spec.allreduces with a time beside the compute (seconds_beside_compute),
+// r = seconds / seconds_beside_compute (at most 1) and q =
+// compute_lost_seconds / seconds_beside_compute (below 1), the median of
+// (r - q) / (1 - q), within [0, 1]. 1 (as if the all-reduce ran at its
+// pace alone) when none has the figures.
+double AllReduceWindowFactor(const apapo::v1::ClusterSpec& spec);
+
 // Sets `cluster`'s figures measured while profiling: the transfers' CPU
-// per byte and its scale with size, the all-reduce factors and the
-// all-reduce's CPU per byte (the functions above).
+// per byte and its scale with size, the all-reduce factors, the
+// all-reduce's CPU per byte and its window factor (the functions above).
 void SetMeasuredCosts(const apapo::v1::ClusterSpec& spec, partitioner::Cluster* cluster);
 
 // The planner's levels for `spec` (innermost first; spec.workers grouped in

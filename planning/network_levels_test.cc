@@ -236,6 +236,45 @@ TEST(NetworkLevelsTest, TheAllReduceCpuPerByteIsTheLargestMeasuredOverTheBytesMo
   EXPECT_DOUBLE_EQ(AllReduceCpuSecondsPerByte(spec), 4e-9);
 }
 
+// The window factor: an all-reduce of 40 ms alone that took 50 ms beside
+// the compute loop, which lost 10 ms to it, ran at r = 0.8 of its pace
+// while the compute ran at 1 - q = 0.8: a window hides (0.8 - 0.2) / 0.8
+// = 0.75 of its seconds. The median over the workers' figures; those
+// without a time beside, or with one that is not a number, are skipped.
+TEST(NetworkLevelsTest, TheAllReduceWindowFactorIsItsPaceBesideTheComputeNetOfTheLoss) {
+  apapo::v1::ClusterSpec spec;
+  EXPECT_EQ(AllReduceWindowFactor(spec), 1);  // nothing timed: as alone
+  const auto add = [&](double seconds, double beside, double lost) {
+    auto* a = spec.add_allreduces();
+    a->set_ranks(2);
+    a->set_bytes(4 << 20);
+    a->set_seconds(seconds);
+    a->set_seconds_beside_compute(beside);
+    a->set_compute_lost_seconds(lost);
+  };
+  add(0.04, 0.05, 0.01);
+  EXPECT_DOUBLE_EQ(AllReduceWindowFactor(spec), 0.75);
+  add(0.04, 0, 0.01);                    // not measured
+  add(0.04, std::nan(""), 0.01);         // not a number
+  add(0.04, 0.05, -1);                   // a negative loss
+  add(std::numeric_limits<double>::infinity(), 0.05, 0.01);
+  EXPECT_DOUBLE_EQ(AllReduceWindowFactor(spec), 0.75);
+  // Faster beside than alone (noise) counts as its pace alone: the window
+  // hides all it lasts; an all-reduce that made no headway hides nothing.
+  add(0.06, 0.05, 0.01);
+  add(0.06, 0.05, 0.01);
+  EXPECT_DOUBLE_EQ(AllReduceWindowFactor(spec), 1);
+  spec.clear_allreduces();
+  add(0.001, 1.0, 0.5);
+  EXPECT_DOUBLE_EQ(AllReduceWindowFactor(spec), 0);
+  // SetMeasuredCosts hands it to the planner's cluster.
+  spec.clear_allreduces();
+  add(0.04, 0.05, 0.01);
+  partitioner::Cluster cluster;
+  SetMeasuredCosts(spec, &cluster);
+  EXPECT_DOUBLE_EQ(cluster.allreduce_window_factor, 0.75);
+}
+
 TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   apapo::v1::ClusterSpec spec;
   *spec.add_links() = Link("a", "b", 2.0);

@@ -517,7 +517,10 @@ class Cluster:
                              "burst_bytes": l.burst_bytes}
                             for l in plan.cluster.links]
             res["allreduces"] = [{"ranks": a.ranks, "bytes": a.bytes,
-                                  "seconds": a.seconds}
+                                  "seconds": a.seconds,
+                                  "cpu_seconds": a.cpu_seconds,
+                                  "compute_lost_seconds": a.compute_lost_seconds,
+                                  "seconds_beside_compute": a.seconds_beside_compute}
                                  for a in plan.cluster.allreduces]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"

@@ -330,9 +330,13 @@ absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int64_t bytes, int wa
 // its time alone missed that tail (the cnn's backward at 1 Gbit/s lost
 // about 13 ms to a 4.8 MB all-reduce, where the window read 8-9).
 // Every rank runs the same steps, in step from the previous finish. The
-// median.
-absl::StatusOr<double> AllReduceComputeLoss(Transport& t, int64_t bytes, double window,
-                                            int timed) {
+// medians of the loss and of the all-reduce's time beside the loop.
+struct ComputeLoss {
+  double lost = 0;
+  double seconds_beside = 0;
+};
+absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
+                                                 double window, int timed) {
   torch::NoGradGuard no_grad;
   const at::Tensor a = torch::rand({128, 128});
   const at::Tensor b = torch::rand({128, 128});
@@ -355,6 +359,7 @@ absl::StatusOr<double> AllReduceComputeLoss(Transport& t, int64_t bytes, double 
     return std::make_pair(static_cast<double>(n), seconds);
   };
   std::vector<double> lost;
+  std::vector<double> beside_seconds;
   for (int i = 0; i < std::max(1, timed); ++i) {
     const auto [alone, alone_seconds] =
         products_until([&](double s) { return s >= window; });
@@ -363,8 +368,9 @@ absl::StatusOr<double> AllReduceComputeLoss(Transport& t, int64_t bytes, double 
         [&](double s) { return t.AllReduceSumsDone(0) || s >= cap; });
     if (auto sums = t.FinishAllReduceSums(0); !sums.ok()) return sums.status();
     lost.push_back(std::max(0.0, during - beside * alone_seconds / alone));
+    beside_seconds.push_back(during);
   }
-  return Median(lost);
+  return ComputeLoss{Median(lost), Median(beside_seconds)};
 }
 
 // The all-reduces of the link test (see the header): message_bytes, then
@@ -390,10 +396,11 @@ absl::StatusOr<std::vector<apapo::v1::AllReduceMeasurement>> TimeAllReduces(
   std::vector<at::Tensor> mean = {torch::full({1}, small->seconds, torch::kFloat)};
   if (absl::Status s = t.AllReduceSum(0, mean); !s.ok()) return s;
   const double mean_seconds = mean[0].item<double>() / world;
-  absl::StatusOr<double> lost =
+  absl::StatusOr<ComputeLoss> lost =
       AllReduceComputeLoss(t, o.message_bytes, std::max(0.01, 1.5 * mean_seconds), 3);
   if (!lost.ok()) return lost.status();
-  out.back().set_compute_lost_seconds(*lost);
+  out.back().set_compute_lost_seconds(lost->lost);
+  out.back().set_seconds_beside_compute(lost->seconds_beside);
   if (o.large_allreduce_bytes <= o.message_bytes) return out;
   const double scaled = mean_seconds *
                         static_cast<double>(o.large_allreduce_bytes) /

@@ -114,6 +114,11 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
     EXPECT_GE(out[rank].allreduces[0].compute_lost_seconds(), 0);
     EXPECT_LE(out[rank].allreduces[0].compute_lost_seconds(),
               std::max(0.01, 1.5 * out[rank].allreduces[0].seconds()) * 1.5);
+    // The all-reduce's time beside that loop: measured, and no shorter
+    // than what the loop lost in it.
+    EXPECT_GT(out[rank].allreduces[0].seconds_beside_compute(), 0);
+    EXPECT_GE(out[rank].allreduces[0].seconds_beside_compute(),
+              out[rank].allreduces[0].compute_lost_seconds());
   }
   // The CPU figure is each side's own. Both ranks share this process, so
   // each counts both ends' copies; still, the process cannot have used
