@@ -137,6 +137,15 @@ std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster
   return subsets;
 }
 
+void KeepAllReducesOfAtMost(int workers, apapo::v1::ClusterSpec* cluster) {
+  auto* all = cluster->mutable_allreduces();
+  all->erase(std::remove_if(all->begin(), all->end(),
+                            [&](const apapo::v1::AllReduceMeasurement& a) {
+                              return a.ranks() > workers;
+                            }),
+             all->end());
+}
+
 apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
                                   const std::vector<int>& subset) {
   std::vector<bool> busy(cluster.workers_size(), false);
@@ -167,6 +176,7 @@ apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
   out.clear_workers();
   out.clear_links();
   out.clear_levels();
+  KeepAllReducesOfAtMost(static_cast<int>(kept.size()), &out);
   std::vector<apapo::v1::LinkMeasurement> links;
   for (const auto& link : cluster.links()) {
     if (held.count(link.from_worker()) && held.count(link.to_worker())) {

@@ -156,6 +156,67 @@ TEST(CoreSharingTest, ASubClusterHasItsWorkersLinksAndLevels) {
   EXPECT_DOUBLE_EQ(all.workers(3).relative_speed(), 1.0);
 }
 
+// The profile's all-reduce ran over all four workers, across the slow link:
+// two workers on one host keep none of it (their ring is charged as
+// modelled over their fast link); all four keep it.
+apapo::v1::ClusterSpec TwoByTwoWithAllReduce() {
+  apapo::v1::ClusterSpec c = TwoByTwo();
+  for (int i = 0; i < 4; ++i) {
+    auto* a = c.add_allreduces();
+    a->set_ranks(4);
+    a->set_bytes(4 << 20);
+    a->set_seconds(0.6);  // 4 MiB x 1.5 each way at 12.5 MB/s, and more
+    a->set_compute_lost_seconds(0.05);
+    a->set_seconds_beside_compute(0.6);
+  }
+  return c;
+}
+
+TEST(CoreSharingTest, ASubClusterKeepsNoAllReduceTimedOverMoreWorkers) {
+  EXPECT_EQ(SubCluster(TwoByTwoWithAllReduce(), {0, 1}).allreduces_size(), 0);
+  EXPECT_EQ(SubCluster(TwoByTwoWithAllReduce(), {0, 1, 2}).allreduces_size(), 0);
+  EXPECT_EQ(SubCluster(TwoByTwoWithAllReduce(), {0, 1, 2, 3}).allreduces_size(), 4);
+  apapo::v1::ClusterSpec pairs = TwoByTwoWithAllReduce();
+  pairs.mutable_allreduces(0)->set_ranks(2);
+  EXPECT_EQ(SubCluster(pairs, {0, 1}).allreduces_size(), 1);
+}
+
+// Data parallelism on the two workers of one host is priced on their fast
+// link, not at the four-worker all-reduce's slow rate, and the plan says
+// why.
+TEST(CoreSharingTest, TwoWorkersOfOneHostAreNotChargedTheFourWorkerAllReduce) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(1);
+  spec.mutable_schedule()->set_replicas(2);
+  const apapo::v1::ModelProfile profile = test_profiles::Chain("chain", 0.02, 0);
+  PartitionerPlanner planner;
+  auto plan = planner.MakePlan(spec, profile, TwoByTwoWithAllReduce());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  apapo::v1::ClusterSpec unmeasured = TwoByTwo();
+  auto expected = planner.MakePlan(spec, profile, SubCluster(unmeasured, {0, 1}));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_DOUBLE_EQ(plan->prediction().samples_per_second(),
+                   expected->prediction().samples_per_second());
+  std::set<std::string> placed;
+  for (const auto& st : plan->stages()) {
+    for (const auto& r : st.placement()) placed.insert(r.worker_id());
+  }
+  EXPECT_THAT(placed, ElementsAre("w-1", "w-2"));
+  std::string notes;
+  for (const auto& n : plan->notes()) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("the all-reduces timed while profiling spanned 4 workers, "
+                               "over links and cores these 2 do not share"));
+  // Kept, the slow measurement would have priced the pair far lower.
+  apapo::v1::ClusterSpec kept = SubCluster(TwoByTwo(), {0, 1});
+  const apapo::v1::ClusterSpec measured = TwoByTwoWithAllReduce();
+  for (const auto& a : measured.allreduces()) *kept.add_allreduces() = a;
+  auto slow = planner.MakePlan(spec, profile, kept);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_LT(slow->prediction().samples_per_second(),
+            0.9 * plan->prediction().samples_per_second());
+}
+
 // A chain of four equal layers, 1 MiB of activations between them: a cut
 // across hosts costs more than it gains.
 apapo::v1::ModelProfile Chain() { return test_profiles::Chain("chain", 0.02, 0); }

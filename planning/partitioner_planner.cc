@@ -384,6 +384,15 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlanAsAsked(
     }
     plan->add_notes(absl::StrFormat("%s: the DP predicted %s worker(s); planned on %d", why,
                                     absl::StrJoin(weighed, ", "), busy.size()));
+    if (best.has_value() && best->allreduces_size() < cluster_spec.allreduces_size()) {
+      int ranks = 0;
+      for (const auto& a : cluster_spec.allreduces()) ranks = std::max(ranks, a.ranks());
+      plan->add_notes(absl::StrFormat(
+          "the all-reduces timed while profiling spanned %d workers, over links and "
+          "cores these %d do not share: theirs is charged as the ring over their own "
+          "links",
+          ranks, best->workers_size()));
+    }
   }
   return plan;
 }

@@ -183,7 +183,12 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   // its CPU, activations in and out forward, their gradients backward.
   // Each is one micro-batch's message, whose CPU per byte
   // grows with its size (pt::Cluster::TransferCpuPerByte).
-  SetMeasuredCosts(spec, &cluster);
+  // The all-reduces the planner weighed for the plan's workers: none
+  // timed over more of them (SubCluster).
+  apapo::v1::ClusterSpec measured = spec;
+  KeepAllReducesOfAtMost(
+      static_cast<int>(std::count(busy.begin(), busy.end(), true)), &measured);
+  SetMeasuredCosts(measured, &cluster);
   const double cpu_per_byte = cluster.transfer_cpu_seconds_per_byte;
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {
     double cpu = cluster.TransferCpuSeconds(whole[s]);

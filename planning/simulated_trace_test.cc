@@ -1,6 +1,7 @@
 #include "planning/simulated_trace.h"
 
 #include <cstdio>
+#include <string>
 
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -160,6 +161,66 @@ TEST(SimulatedTraceTest, EachStagesLinkIsTheLevelBetweenItsWorkers) {
   EXPECT_LE(*far, 1.01 * 8 / 0.020);
   EXPECT_LT(*far, 0.5 * *near);
   std::printf("same host %.1f, across hosts %.1f samples/s\n", *near, *far);
+}
+
+// A data-parallel plan on two workers of one host, in a 2 x 2 cluster
+// whose profile timed its all-reduce over all four across the slow link:
+// simulated as the planner weighed it (SubCluster), without that
+// measurement; on all four, with it.
+TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotCharged) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  apapo::v1::Plan* plan = r.mutable_plan();
+  plan->set_schedule(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  plan->set_split_backward(false);
+  plan->clear_stages();
+  auto* st = plan->add_stages();
+  st->set_index(0);
+  st->add_node_ids("a");
+  st->add_node_ids("b");
+  st->set_replicas(2);
+  for (int w = 0; w < 2; ++w) {
+    auto* p = st->add_placement();
+    p->set_worker_id("w-" + std::to_string(w + 1));
+    p->set_rank(w);
+  }
+  r.mutable_profile()->mutable_nodes(0)->set_parameter_bytes(1e6);
+  r.mutable_cluster()->add_workers()->set_worker_id("w-3");
+  r.mutable_cluster()->add_workers()->set_worker_id("w-4");
+  auto* inner = r.mutable_cluster()->add_levels();
+  inner->set_group_size(2);
+  inner->set_bandwidth_bytes_per_second(1e9);
+  auto* outer = r.mutable_cluster()->add_levels();
+  outer->set_group_size(2);
+  outer->set_bandwidth_bytes_per_second(1e6);
+  auto* link = r.mutable_cluster()->add_links();  // what the factors read
+  link->set_from_worker("w-1");
+  link->set_to_worker("w-3");
+  link->set_bandwidth_bytes_per_second(1e6);
+  absl::StatusOr<double> unmeasured = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(unmeasured.ok()) << unmeasured.status();
+  // Four ranks, 1 MB over the 1 MB/s link: 1.5 s as the ring has it, and
+  // 6 s measured (a factor of 4 on every all-reduce).
+  auto* a = r.mutable_cluster()->add_allreduces();
+  a->set_ranks(4);
+  a->set_bytes(1000000);
+  a->set_seconds(6.0);
+  absl::StatusOr<double> two = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_DOUBLE_EQ(*two, *unmeasured);
+  // With the plan on all four the measurement stands.
+  st->set_replicas(4);
+  plan->set_micro_batches(4);
+  for (int w = 2; w < 4; ++w) {
+    auto* p = st->add_placement();
+    p->set_worker_id("w-" + std::to_string(w + 1));
+    p->set_rank(w);
+  }
+  absl::StatusOr<double> four = SimulatedSamplesPerSecond(r);
+  r.mutable_cluster()->clear_allreduces();
+  absl::StatusOr<double> four_unmeasured = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(four.ok()) << four.status();
+  ASSERT_TRUE(four_unmeasured.ok()) << four_unmeasured.status();
+  EXPECT_LT(*four, 0.5 * *four_unmeasured);
 }
 
 TEST(SimulatedTraceTest, TheMeasuredCopiesLengthenEveryStagesPasses) {
