@@ -91,8 +91,9 @@ void KeepAllReducesOfAtMost(int workers, apapo::v1::ClusterSpec* cluster);
 // share is applied), the links among them, the network levels re-inferred
 // from those links (one level at the cluster's innermost bandwidth when
 // none was measured), the all-reduces timed over no more workers than the
-// subset holds (KeepAllReducesOfAtMost); the rest as in `cluster`. Every worker of a cluster with levels keeps its order,
-// links, levels and all-reduces.
+// subset holds (KeepAllReducesOfAtMost); the rest as in `cluster`. Every
+// worker of a cluster with levels keeps its order, links, levels and
+// all-reduces.
 apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
                                   const std::vector<int>& subset);
 

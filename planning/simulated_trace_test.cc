@@ -42,6 +42,18 @@ apapo::v1::GetPlanResponse TwoStages() {
   return r;
 }
 
+// Makes `r`'s cluster two hosts of two workers (w-3 and w-4 added), fast
+// (`inner` B/s) inside a host and `outer` between them.
+void TwoHostsOfTwo(double inner, double outer, apapo::v1::GetPlanResponse* r) {
+  r->mutable_cluster()->add_workers()->set_worker_id("w-3");
+  r->mutable_cluster()->add_workers()->set_worker_id("w-4");
+  for (double bandwidth : {inner, outer}) {
+    auto* level = r->mutable_cluster()->add_levels();
+    level->set_group_size(2);
+    level->set_bandwidth_bytes_per_second(bandwidth);
+  }
+}
+
 TEST(SimulatedTraceTest, OneTracePerStageReplicaFromZeroPerMicroBatch) {
   auto traces = SimulatedTrace(TwoStages(), 3);
   ASSERT_TRUE(traces.ok()) << traces.status();
@@ -143,14 +155,7 @@ TEST(SimulatedTraceTest, ALinksTokenBucketShortensItsTransfersButNotItsRate) {
 // binds them, as it does the planner's prediction of that placement.
 TEST(SimulatedTraceTest, EachStagesLinkIsTheLevelBetweenItsWorkers) {
   apapo::v1::GetPlanResponse r = TwoStages();
-  r.mutable_cluster()->add_workers()->set_worker_id("w-3");
-  r.mutable_cluster()->add_workers()->set_worker_id("w-4");
-  auto* inner = r.mutable_cluster()->add_levels();
-  inner->set_group_size(2);
-  inner->set_bandwidth_bytes_per_second(1e6);
-  auto* outer = r.mutable_cluster()->add_levels();
-  outer->set_group_size(2);
-  outer->set_bandwidth_bytes_per_second(50e3);
+  TwoHostsOfTwo(1e6, 50e3, &r);
   absl::StatusOr<double> near = SimulatedSamplesPerSecond(r);
   ASSERT_TRUE(near.ok()) << near.status();
   EXPECT_NEAR(*near, 8 / 0.006, 8 / 0.006 * 0.01);
@@ -184,14 +189,7 @@ TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotChar
     p->set_rank(w);
   }
   r.mutable_profile()->mutable_nodes(0)->set_parameter_bytes(1e6);
-  r.mutable_cluster()->add_workers()->set_worker_id("w-3");
-  r.mutable_cluster()->add_workers()->set_worker_id("w-4");
-  auto* inner = r.mutable_cluster()->add_levels();
-  inner->set_group_size(2);
-  inner->set_bandwidth_bytes_per_second(1e9);
-  auto* outer = r.mutable_cluster()->add_levels();
-  outer->set_group_size(2);
-  outer->set_bandwidth_bytes_per_second(1e6);
+  TwoHostsOfTwo(1e9, 1e6, &r);
   auto* link = r.mutable_cluster()->add_links();  // what the factors read
   link->set_from_worker("w-1");
   link->set_to_worker("w-3");
