@@ -831,9 +831,12 @@ class CgroupLimitTest(unittest.TestCase):
         compute = {p.worker_id: st.compute_seconds for st in got.plan.stages
                    for p in st.placement}
         self.assertEqual(set(compute), {"w-1", "w-2"}, describe_stages(got.plan))
-        # The half-core worker is never what binds (at the mean speed its
-        # even half would take about twice w-1's).
-        self.assertLess(compute["w-2"], 1.1 * compute["w-1"], describe_stages(got.plan))
+        # The half-core worker never takes what the mean speed would give it
+        # (an even half, about twice w-1's). It may bind by up to one part of
+        # a split layer: CI on f4ec7b9 planned fc2 in 4 parts, w-2 at
+        # 0.0436 s against w-1's 0.0376 s (1.16x), the DP's best at that
+        # granularity.
+        self.assertLess(compute["w-2"], 1.5 * compute["w-1"], describe_stages(got.plan))
         # And the stages are balanced, unless the plan says why not: near
         # 0.4x, whole layers leave w-2 idle a third of the time, and moving
         # one part of fc2 to it costs about as much as it saves (2c419bb's CI
