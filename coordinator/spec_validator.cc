@@ -384,6 +384,13 @@ void ValidateScheduleAndResources(Problems& p, const JobSpec& spec) {
     p.Add("spec.schedule.stages",
           "data parallelism runs one stage, got ", s.stages());
   }
+  // The all-reduce's parts start at the split backward's cut points.
+  if (s.has_allreduce_in_backward() && s.allreduce_in_backward() &&
+      s.has_split_backward() && !s.split_backward()) {
+    p.Add("spec.schedule.allreduce_in_backward",
+          "true needs spec.schedule.split_backward (the parts start where the "
+          "backward splits), which is false");
+  }
 
   CheckRange(p, "spec.resources.workers", r.workers(), 1, kMaxWorkers);
   CheckRange(p, "spec.resources.threads_per_worker", r.threads_per_worker(), 0,

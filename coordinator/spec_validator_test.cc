@@ -126,6 +126,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"DataParallelWithStages",
              "schedule { kind: SCHEDULE_KIND_DATA_PARALLEL stages: 2 }",
              "spec.schedule.stages: data parallelism runs one stage"},
+        Case{"AllReducePartsWithoutSplitBackward",
+             "schedule { split_backward: false allreduce_in_backward: true }",
+             "spec.schedule.allreduce_in_backward: true needs "
+             "spec.schedule.split_backward"},
         Case{"EmptyName", "name: ''", "spec.name: must be 1..128"},
         Case{"BadName", "name: 'a b'", "spec.name: must be 1..128"},
         Case{"UnknownBuiltin", "model { builtin { name: 'vgg' } }",

@@ -1510,7 +1510,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     // replica's pace, they hide the all-reduce's link time. The first
     // stage has no send: its product nodes' parts start in pass 1 and
     // travel behind about the whole backward (AllReduceWindowSeconds).
-    if (options.split_backward && !pipedream) {
+    if (options.split_backward && options.allreduce_in_backward && !pipedream) {
       stage.allreduce_window_seconds =
           row_scale * AllReduceWindowSeconds(
                           std::min(weight_gradients, backward_without_update),
@@ -1884,8 +1884,8 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
                              ? cluster.transfer_cpu_seconds_per_byte
                              : 0;
       ctx.cluster = &cluster;
-      ctx.hide_allreduce =
-          options.split_backward && options.cost_model == CostModel::kApapo;
+      ctx.hide_allreduce = options.split_backward && options.allreduce_in_backward &&
+                           options.cost_model == CostModel::kApapo;
       ctx.update_per_param_byte =
           options.cost_model == CostModel::kApapo && st.params[st.full] > 0
               ? graph.update_seconds() / st.params[st.full]

@@ -152,6 +152,11 @@ struct PlannerOptions {
   // micro-batch's weight gradients, which hide its link time, not its
   // copies (StagePlan::allreduce_window_seconds, every stage).
   bool split_backward = false;
+  // With split_backward: a replicated stage's all-reduce starts in parts
+  // behind its last micro-batch's weight gradients (the window above);
+  // false: one all-reduce after the backward, all of it waited for
+  // (Plan.allreduce_after_backward).
+  bool allreduce_in_backward = true;
   // kApapo, kAsync: every stage but the last predicts its weights
   // (ScheduleSpec.weight_prediction), whose update then costs
   // Graph::update_prediction_seconds more, in proportion to its parameter

@@ -137,6 +137,66 @@ std::string WeighMicroBatches(const apapo::v1::JobSpec& spec, const pt::Graph& g
   return "";
 }
 
+bool Replicated(const pt::Plan& plan) {
+  return std::any_of(plan.stages.begin(), plan.stages.end(),
+                     [](const pt::StagePlan& st) { return st.replicas > 1; });
+}
+
+// Where the spec leaves ScheduleSpec.allreduce_in_backward unset, a
+// replicated stage starts its all-reduce in parts during the backward only
+// where that is predicted kMinPartsGain over one all-reduce after it:
+// `plan` (planned with the parts, `options`) against the same job planned
+// without them, each with its own micro-batches. Beside the compute the
+// parts slow it, which the cost model does not charge: the probe reads
+// 2-3 ms of loss where the cnn's backward grew 7-15 ms with them, and on
+// the lab's fast links one all-reduce after ran 1.02-1.06x the parts (5 of
+// 5 pairs), predicted at 0.95-1.05x; at 1 Gbit/s, where the link binds,
+// the parts ran 1.32x (bench/cluster, 2026-12-07 07:51 and 09:10).
+// Replaces `options` and `plan` where it takes one all-reduce after, and
+// `micro_note` with that plan's; returns the note (empty: nothing
+// replicated either way) and sets *other_rate to the rate of the way not
+// taken.
+std::string WeighAllReduceParts(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
+                                const pt::Cluster& cluster, pt::PlannerOptions* options,
+                                pt::Plan* plan, std::string* micro_note,
+                                double* other_rate) {
+  constexpr double kMinPartsGain = 1.10;
+  if (AllReduceInBackwardRequested(spec).has_value() || !options->allreduce_in_backward ||
+      options->cost_model != pt::CostModel::kApapo) {
+    return "";
+  }
+  pt::PlannerOptions after = *options;
+  after.allreduce_in_backward = false;
+  absl::StatusOr<pt::Plan> after_plan = PlanWith(graph, cluster, after);
+  if (!after_plan.ok()) return "";
+  std::string after_note = WeighMicroBatches(spec, graph, cluster, &after, &*after_plan);
+  if (!Replicated(*plan) && !Replicated(*after_plan)) {
+    *options = after;  // the same plans: what follows prices no parts
+    return "";
+  }
+  const double parts_rate = plan->samples_per_second;
+  const double after_rate = after_plan->samples_per_second;
+  const double gain = after_rate > 0 ? parts_rate / after_rate : 0.0;
+  if (Replicated(*plan) && parts_rate >= kMinPartsGain * after_rate) {
+    *other_rate = after_rate;
+    return absl::StrFormat(
+        "all-reduce in parts during the backward (behind the last weight "
+        "gradients): predicted %.0f samples/s against %.0f with one "
+        "all-reduce after it (%.2fx; %.2fx needed)",
+        parts_rate, after_rate, gain, kMinPartsGain);
+  }
+  std::string note = absl::StrFormat(
+      "one all-reduce after the backward: in parts during it was predicted "
+      "%.0f samples/s against %.0f (%.2fx, under the %.2fx it must gain: "
+      "beside the compute the parts slow it, which is not charged)",
+      parts_rate, after_rate, gain, kMinPartsGain);
+  *other_rate = parts_rate;
+  *options = after;
+  *plan = *std::move(after_plan);
+  *micro_note = std::move(after_note);
+  return note;
+}
+
 // The registry ids of the workers `plan` places.
 std::set<std::string> PlacedWorkers(const apapo::v1::Plan& plan) {
   std::set<std::string> placed;
@@ -172,6 +232,7 @@ absl::StatusOr<pt::PlannerOptions> OptionsFor(const apapo::v1::JobSpec& spec, in
   options.activation_compression_ratio =
       TransferCompressionRatio(spec.schedule().transfer_precision());
   options.split_backward = SplitBackwardRequested(spec);
+  options.allreduce_in_backward = AllReduceInBackwardRequested(spec).value_or(true);
   options.weight_prediction = WeightPredictionRequested(spec);
   if (spec.schedule().stages() == 1 && spec.schedule().replicas() > 1) {
     options.schedule = apapo::schedule::ScheduleKind::kDataParallel;
@@ -466,6 +527,9 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
     return plan.status();
   }
   std::string micro_note = WeighMicroBatches(spec, *graph, *cluster, &options, &*plan);
+  double allreduce_other_rate = 0;
+  const std::string allreduce_note = WeighAllReduceParts(
+      spec, *graph, *cluster, &options, &*plan, &micro_note, &allreduce_other_rate);
 
   // Auto: the async schedule, unless 1F1B with flushes is predicted
   // kMinSyncGain faster. That happens where a slow link, not compute,
@@ -664,6 +728,8 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
   out.set_transfer_precision(spec.schedule().transfer_precision());
   out.set_skip_zeros(SkipZerosRequested(spec));
   out.set_split_backward(SplitBackwardRequested(spec));
+  out.set_allreduce_after_backward(out.split_backward() && !options.allreduce_in_backward &&
+                                   Replicated(*plan));
   out.set_weight_prediction(pt::PredictsWeights(options));
   if (options.activation_compression_ratio != 1) {
     out.add_notes(
@@ -686,6 +752,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
           "while profiling, and the mask)",
           100 * low, 100 * high));
     }
+  }
+  if (!allreduce_note.empty()) {
+    out.add_notes(allreduce_note);
+    (*out.mutable_prediction()->mutable_alternatives_samples_per_second())
+        [options.allreduce_in_backward ? "allreduce_after_backward"
+                                       : "allreduce_in_backward"] = allreduce_other_rate;
   }
   if (!schedule_note.empty()) out.add_notes(schedule_note);
   if (!micro_note.empty()) out.add_notes(micro_note);

@@ -111,7 +111,8 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     // A replicated stage's all-reduce starts in parts behind its last
     // micro-batch's weight gradients, on every stage (the optimizer's
     // pt::StagePlan::allreduce_window_seconds).
-    double window = plan.split_backward() ? st.backward_weight_seconds : 0.0;
+    const bool parts = plan.split_backward() && !plan.allreduce_after_backward();
+    double window = parts ? st.backward_weight_seconds : 0.0;
     // What a split backward computes after sending the input gradients
     // (pt::StagePlan::backward_weight_seconds): none on the first stage.
     if (!plan.split_backward() || s == 0) st.backward_weight_seconds = 0;
@@ -133,7 +134,7 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
     st.forward_seconds *= row_scale;
     st.backward_weight_seconds =
         row_scale * std::min(st.backward_weight_seconds, st.backward_seconds);
-    if (st.replicas > 1) {
+    if (st.replicas > 1 && parts) {
       st.allreduce_window_seconds =
           row_scale * pt::AllReduceWindowSeconds(std::min(window, st.backward_seconds),
                                                  st.backward_seconds, pass_one_bytes,

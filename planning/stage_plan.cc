@@ -70,7 +70,10 @@ std::string StagePlan::Describe(const apapo::v1::JobSpec& spec,
       split_names.empty() ? ""
                           : absl::StrCat(", split ", absl::StrJoin(split_names, " ")),
       predicting ? ", weight prediction" : "",
-      split_backward && schedule.num_stages > 1 ? ", split backward" : "");
+      split_backward && schedule.num_stages > 1 ? ", split backward" : "",
+      split_backward && !allreduce_in_parts && !schedule.replicas.empty()
+          ? ", one all-reduce after the backward"
+          : "");
 }
 
 absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
@@ -123,6 +126,7 @@ absl::StatusOr<StagePlan> StagePlanFor(const apapo::v1::JobSpec& spec,
   }
   out.skip_zeros = plan.skip_zeros();
   out.split_backward = plan.split_backward();
+  out.allreduce_in_parts = plan.split_backward() && !plan.allreduce_after_backward();
   if (absl::Status s = schedule::ValidateScheduleOptions(out.schedule);
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
@@ -142,6 +146,12 @@ bool SkipZerosRequested(const apapo::v1::JobSpec& spec) {
 bool SplitBackwardRequested(const apapo::v1::JobSpec& spec) {
   return !spec.schedule().has_split_backward() ||
          spec.schedule().split_backward();
+}
+
+std::optional<bool> AllReduceInBackwardRequested(const apapo::v1::JobSpec& spec) {
+  if (!SplitBackwardRequested(spec)) return false;
+  if (!spec.schedule().has_allreduce_in_backward()) return std::nullopt;
+  return spec.schedule().allreduce_in_backward();
 }
 
 double TransferCompressionRatio(apapo::v1::TransferPrecision precision) {

@@ -15,6 +15,7 @@
 #ifndef APAPO_PLANNING_STAGE_PLAN_H_
 #define APAPO_PLANNING_STAGE_PLAN_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,10 @@ struct StagePlan {
   // Stages after the first send input gradients before computing weight
   // gradients (Plan.split_backward).
   bool split_backward = false;
+  // With split_backward: a replicated stage starts its all-reduce in parts
+  // during its last backward of an iteration (not Plan.
+  // allreduce_after_backward); else one all-reduce after it.
+  bool allreduce_in_parts = false;
   int world_size = 0;  // stage replicas in all
 
   // Global rank of (stage, replica): stage-major.
@@ -83,6 +88,11 @@ bool SkipZerosRequested(const apapo::v1::JobSpec& spec);
 // Whether the stages after the first split their backward (ScheduleSpec.
 // split_backward; unset: yes).
 bool SplitBackwardRequested(const apapo::v1::JobSpec& spec);
+
+// ScheduleSpec.allreduce_in_backward: the spec's choice where it makes one
+// (true: the parts, false: one all-reduce after the backward), nullopt
+// where the planner chooses. false whenever the backward is not split.
+std::optional<bool> AllReduceInBackwardRequested(const apapo::v1::JobSpec& spec);
 
 // How many times fewer bytes than the profile's float32 activations cross a
 // cut in `precision`: 2 for BFLOAT16, 1 otherwise (the partitioner's

@@ -28,6 +28,7 @@ TEST(StagePlanTest, TwoStagePlanWithSplitAndDefaults) {
                    split_backward: true)"));
   ASSERT_TRUE(sp.ok()) << sp.status();
   EXPECT_TRUE(sp->split_backward);
+  EXPECT_TRUE(sp->allreduce_in_parts);
   EXPECT_EQ(sp->schedule.num_stages, 2);
   EXPECT_TRUE(sp->schedule.replicas.empty());
   // Async without replication: whole mini-batches.
@@ -40,6 +41,26 @@ TEST(StagePlanTest, TwoStagePlanWithSplitAndDefaults) {
   EXPECT_EQ(sp->Describe(Spec("")),
             "async (auto), 2 stage(s), m=1: [a..b/0] | [b/1..loss], split b/2, "
             "weight prediction, split backward");
+}
+
+// A replicated stage's all-reduce runs in parts with a split backward
+// unless the plan says one after it (Plan.allreduce_after_backward), and
+// never without a split backward.
+TEST(StagePlanTest, TheAllReduceRunsInPartsUnlessThePlanSaysAfter) {
+  const std::string dp = R"(schedule: SCHEDULE_KIND_DATA_PARALLEL
+                            stages { node_ids: "a" node_ids: "loss" replicas: 2 })";
+  auto parts = StagePlanFor(Spec("data { batch_size: 8 }"),
+                            ParsePlan(dp + " split_backward: true"));
+  auto after = StagePlanFor(Spec("data { batch_size: 8 }"),
+                            ParsePlan(dp + " split_backward: true allreduce_after_backward: true"));
+  auto unsplit = StagePlanFor(Spec("data { batch_size: 8 }"), ParsePlan(dp));
+  ASSERT_TRUE(parts.ok() && after.ok() && unsplit.ok());
+  EXPECT_TRUE(parts->allreduce_in_parts);
+  EXPECT_FALSE(after->allreduce_in_parts);
+  EXPECT_FALSE(unsplit->allreduce_in_parts);
+  EXPECT_EQ(after->Describe(Spec("")),
+            "dp (auto), 1 stage(s), m=2: [a..loss] x2, one all-reduce after the backward");
+  EXPECT_EQ(parts->Describe(Spec("")), "dp (auto), 1 stage(s), m=2: [a..loss] x2");
 }
 
 TEST(StagePlanTest, MicroBatchesPlanThenSpecThenDefault) {

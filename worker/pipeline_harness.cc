@@ -76,7 +76,8 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
                            bool weight_prediction,
                            const std::vector<std::pair<std::string, int>>& splits,
                            apapo::v1::TransferPrecision transfer,
-                           bool skip_zeros, bool split_backward) {
+                           bool skip_zeros, bool split_backward,
+                           bool allreduce_after_backward) {
   // The job: the fixture's graph and data, its plan: the balanced cut.
   apapo::v1::JobSpec job;
   job.set_name("harness");
@@ -115,6 +116,7 @@ PipelineResult RunPipeline(const Fixture& f, schedule::ScheduleOptions sched,
   plan.set_schedule(partitioner::ScheduleToProto(sched.kind));
   plan.set_skip_zeros(skip_zeros);
   plan.set_split_backward(split_backward);
+  plan.set_allreduce_after_backward(allreduce_after_backward);
   plan.set_micro_batches(sched.micro_batches_per_iteration);
   int world = 0;
   for (int s = 0; s < sched.num_stages; ++s) {

@@ -67,6 +67,7 @@ struct PipelineResult {
 // that allows it (s x k + 1 in flight, k micro-batches per replica).
 // `splits` are the plan's layer splits (SplitLinearLayers); then `params`
 // is keyed by the split graph's names ("fc2/0.weight").
+// `allreduce_after_backward` is the plan's (Plan.allreduce_after_backward).
 PipelineResult RunPipeline(
     const Fixture& f, schedule::ScheduleOptions sched,
     const apapo::v1::OptimizerSpec& spec, int64_t steps, bool record = false,
@@ -74,7 +75,8 @@ PipelineResult RunPipeline(
     const std::vector<std::pair<std::string, int>>& splits = {},
     apapo::v1::TransferPrecision transfer =
         apapo::v1::TRANSFER_PRECISION_UNSPECIFIED,
-    bool skip_zeros = true, bool split_backward = true);
+    bool skip_zeros = true, bool split_backward = true,
+    bool allreduce_after_backward = false);
 
 }  // namespace pipeline_test
 }  // namespace worker

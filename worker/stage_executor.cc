@@ -1142,7 +1142,8 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
         static_cast<double>(schedule::InFlightDepth(cfg.schedule, cfg.stage) - 1) / m;
   }
   impl->grad_acc.resize(initial.size());
-  if (cfg.split_backward && cfg.schedule.Replicas(cfg.stage) > 1) {
+  if (cfg.split_backward && cfg.allreduce_in_parts &&
+      cfg.schedule.Replicas(cfg.stage) > 1) {
     impl->allreduce_parts =
         AllReduceParts(*impl->model, initial, /*products_in_pass1=*/c.layout->is_first);
     impl->grad_final.assign(initial.size(), false);

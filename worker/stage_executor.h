@@ -134,6 +134,11 @@ struct ExecutorConfig {
   // sooner, and a Linear's weight gradient is added into the mini-batch's
   // by its product (addmm_), with no add per micro-batch.
   bool split_backward = false;
+  // With split_backward, a replicated stage starts its gradient all-reduce
+  // in parts during its last backward of an iteration (AllReduceParts);
+  // false: one all-reduce after that backward (Plan.
+  // allreduce_after_backward). The same sums either way.
+  bool allreduce_in_parts = true;
   LimitOptions limits;
   EvaluationOptions evaluation;
   CheckpointOptions checkpoint;

@@ -480,7 +480,9 @@ TEST(SplitBackwardTest, SameGradientsBitForBitWithTheSendBetweenThePasses) {
 // parallelism, a replicated stage of a flushed pipeline, and the async
 // pipeline, with m = 1 too, where each replica of stage 0 has no
 // micro-batch in every other iteration and starts all its parts at the
-// all-reduce itself. Layers of 300 features make parts of their own.
+// all-reduce itself. Layers of 300 features make parts of their own. A
+// plan that runs one all-reduce after the split backward
+// (Plan.allreduce_after_backward) starts no part, with the same weights.
 TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackward) {
   Fixture f = MakeFixture(/*hidden=*/300);
   const apapo::v1::OptimizerSpec spec = Sgd();
@@ -510,13 +512,21 @@ TEST(AllReduceInPartsTest, SameWeightsBitForBitAsOneAllReduceStartedInTheBackwar
     PipelineResult parts = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
                                        apapo::v1::TRANSFER_PRECISION_FLOAT32,
                                        /*skip_zeros=*/true, /*split_backward=*/true);
+    PipelineResult after = RunPipeline(f, sched, spec, kSteps, /*record=*/false, {}, false, {},
+                                       apapo::v1::TRANSFER_PRECISION_FLOAT32,
+                                       /*skip_zeros=*/true, /*split_backward=*/true,
+                                       /*allreduce_after_backward=*/true);
     for (const auto& st : whole.statuses) ASSERT_TRUE(st.ok()) << st;
     for (const auto& st : parts.statuses) ASSERT_TRUE(st.ok()) << st;
+    for (const auto& st : after.statuses) ASSERT_TRUE(st.ok()) << st;
     ASSERT_FALSE(parts.params.empty());
     for (const auto& [name, want] : whole.params) {
       ASSERT_TRUE(parts.params.count(name)) << name;
       EXPECT_TRUE(torch::equal(parts.params[name], want)) << name;
+      ASSERT_TRUE(after.params.count(name)) << name;
+      EXPECT_TRUE(torch::equal(after.params[name], want)) << name;
     }
+    for (const StageReport& r : after.reports) EXPECT_EQ(r.allreduce_parts, 0) << r.rank;
     if (sched.replicas[0] == 1) {
       // Ranks are stage-major: ranks 1 and 2 are stage 1's replicas. Its
       // parts start in pass 2 only: pass 1 ends with the send.

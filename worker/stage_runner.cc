@@ -346,6 +346,7 @@ absl::StatusOr<ExecutorConfig> ExecutorConfigFor(const apapo::v1::JobSpec& spec,
   c.wire_precision = WirePrecisionFor(spec);
   c.skip_zeros = plan.skip_zeros;
   c.split_backward = plan.split_backward;
+  c.allreduce_in_parts = plan.allreduce_in_parts;
   // No epoch limit means "until max_steps".
   c.limits.epochs = spec.limits().epochs() > 0 ? spec.limits().epochs() : 1 << 20;
   c.limits.max_steps = spec.limits().max_steps();

@@ -36,6 +36,10 @@ Rows (per model and link; `single` once per round, it uses no link):
   ROW_onepass any of ours (auto_onepass) with every stage's backward in one
              pass, input gradients sent after the weight gradients
              (schedule.split_backward false)
+  ROW_parts  any of ours (replicas2_parts) with a replicated stage's
+             all-reduce in parts during the backward; ROW_after: one
+             all-reduce after it (schedule.allreduce_in_backward true,
+             false; unset, the planner's choice)
   ROW_dense  any of ours (auto_dense, auto_dense_bf16) with ReLU outputs
              crossing whole, zeros included (schedule.skip_zeros false)
   ROW_bf16   any of ours (auto_bf16, async_bf16, ...) with activations and
@@ -406,7 +410,8 @@ def inner(a):
                 numbered(r, "stages") and not (rt.row_variant(r)[0] != r and is_ours(r))]
     if bad_rows:
         sys.exit(f"--rows: unknown {bad_rows} (known: {', '.join(ROWS)}, replicasN, stagesN; "
-                 f"ours as ROW_onepass (backward in one pass), ROW_dense (zeros cross too), "
+                 f"ours as ROW_onepass (backward in one pass), ROW_parts/ROW_after (the "
+                 f"all-reduce in the backward or after it), ROW_dense (zeros cross too), "
                  f"ROW_bf16 (transfers in bfloat16), "
                  f"ROW_sN (max_staleness N), "
                  f"ROW_cN (a checkpoint every N steps))")

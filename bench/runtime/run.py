@@ -71,7 +71,10 @@ SEED = None
 # "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N;
 # "<row>_mN": with schedule.micro_batches N (e.g. auto_m1: the planner's
 # choice on whole mini-batches); "<row>_onepass": the backward of every
-# stage in one pass (schedule.split_backward false).
+# stage in one pass (schedule.split_backward false); "<row>_parts" and
+# "<row>_after" (in its place): a replicated stage's all-reduce in parts
+# during the backward, or one after it (schedule.allreduce_in_backward
+# true or false; unset, the planner chooses).
 
 
 def row_variant(row):
@@ -83,13 +86,14 @@ def row_variant(row):
 def row_variant_all(row):
     """row_variant's, then micro_batches (or None), then dense? (ROW_dense:
     ReLU outputs cross whole, zeros included: schedule.skip_zeros false),
-    then one pass? (ROW_onepass, before _dense: the backward in one pass,
-    schedule.split_backward false)."""
-    m = re.fullmatch(r"(.*?)(_onepass)?(_dense)?(_bf16)?(?:_s(\d+))?(?:_m(\d+))?(?:_c(\d+))?",
-                     row)
+    then the backward's variant: "onepass" (ROW_onepass, before _dense: the
+    backward in one pass, schedule.split_backward false), "parts" or
+    "after" (ROW_parts, ROW_after: schedule.allreduce_in_backward true or
+    false), or None."""
+    m = re.fullmatch(r"(.*?)(?:_(onepass|parts|after))?(_dense)?(_bf16)?(?:_s(\d+))?(?:_m(\d+))?"
+                     r"(?:_c(\d+))?", row)
     number = lambda g: int(g) if g is not None else None  # noqa: E731
-    return (m[1], bool(m[4]), number(m[5]), number(m[7]), number(m[6]), bool(m[3]),
-            bool(m[2]))
+    return (m[1], bool(m[4]), number(m[5]), number(m[7]), number(m[6]), bool(m[3]), m[2])
 # Rows that run through the product: a coordinator and two worker daemons;
 # the job's measured profile goes to the planner, which picks the cut (and
 # may split wide layers), replication and micro-batches for the schedule.
@@ -153,15 +157,17 @@ def make_spec(model, row, max_steps, epochs, workdir, text_path="", workers=2):
     spec.resources.threads_per_worker = 1
     row = row[:-len(BASE_SUFFIX)] if row.endswith(BASE_SUFFIX) else row
     name = row
-    row, bf16, staleness, checkpoint_every, micro_batches, dense, onepass = row_variant_all(row)
+    row, bf16, staleness, checkpoint_every, micro_batches, dense, backward = row_variant_all(row)
     s = spec.schedule
     s.Clear()
     if bf16:
         s.transfer_precision = plan_pb2.TRANSFER_PRECISION_BFLOAT16
     if dense:
         s.skip_zeros = False
-    if onepass:
+    if backward == "onepass":
         s.split_backward = False
+    elif backward in ("parts", "after"):
+        s.allreduce_in_backward = backward == "parts"
     if staleness is not None:
         s.max_staleness = staleness
     if checkpoint_every is not None:
