@@ -5,6 +5,7 @@
 // Exit codes: 0 ok, 2 bad input (one line "FILE:LINE: reason" or "flag:
 // reason" on stderr), 3 no plan fits in memory.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,12 @@ ABSL_FLAG(bool, split_backward, true,
           "weight_gradients_in_product inside their product (the coordinator's "
           "schedule.split_backward, on unless a job turns it off); apapo cost "
           "model only, and no effect on PipeDream's profiles, which mark none");
+ABSL_FLAG(bool, allreduce_in_backward, true,
+          "with --split_backward, a replicated stage's all-reduce starts in parts "
+          "behind its last micro-batch's weight gradients and is charged what they "
+          "leave exposed; false: one all-reduce after the backward, charged whole "
+          "(the coordinator's schedule.allreduce_in_backward; left unset there, it "
+          "plans both and keeps the parts only at 1.1x)");
 ABSL_FLAG(bool, weight_prediction, true,
           "async: every stage but the last predicts its weights with its update "
           "(the coordinator's schedule.weight_prediction), at the profile's "
@@ -173,6 +180,7 @@ int Run() {
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.deepen_for_links = options.max_in_flight > 0;
   options.split_backward = absl::GetFlag(FLAGS_split_backward);
+  options.allreduce_in_backward = absl::GetFlag(FLAGS_allreduce_in_backward);
   options.weight_prediction = absl::GetFlag(FLAGS_weight_prediction);
   options.stages = absl::GetFlag(FLAGS_stages);
   options.replicas = absl::GetFlag(FLAGS_replicas);
@@ -201,6 +209,9 @@ int Run() {
   const std::string name = ModelName(path);
   apapo::v1::Plan proto = PlanToProto(*plan, *graph, name);
   proto.set_split_backward(options.split_backward && *model == CostModel::kApapo);
+  proto.set_allreduce_after_backward(proto.split_backward() && !options.allreduce_in_backward &&
+                                     std::any_of(plan->stages.begin(), plan->stages.end(),
+                                                 [](const StagePlan& s) { return s.replicas > 1; }));
   proto.set_weight_prediction(PredictsWeights(options));
 
   if (absl::GetFlag(FLAGS_compare)) {

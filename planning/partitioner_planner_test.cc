@@ -982,7 +982,7 @@ TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
 }
 
 // A replicated stage's all-reduce starts in parts during the backward only
-// where they are predicted 1.1x one all-reduce after it: where the link
+// where they are predicted 1.05x one all-reduce after it: where the link
 // binds it, the weight gradients hide much of it; where the copies on the
 // replicas' own cores bind, they hide nothing, the parts are predicted at
 // 1.00x and one all-reduce after is taken. A spec's choice stands unweighed.
@@ -1021,7 +1021,7 @@ TEST(PartitionerPlannerTest, TheAllReduceRunsInPartsOnlyWherePredictedTenPercent
   EXPECT_THAT(notes(*bound),
               ::testing::ContainsRegex("one all-reduce after the backward: in parts during "
                                        "it was predicted [0-9]+ samples/s against [0-9]+ "
-                                       "\\(1.00x, under the 1.10x it must gain"));
+                                       "\\(1.00x, under the 1.05x it must gain"));
   EXPECT_NEAR(bound->prediction().alternatives_samples_per_second().at(
                   "allreduce_in_backward"),
               bound->prediction().samples_per_second(),
