@@ -986,7 +986,7 @@ TEST(PartitionerPlannerTest, MicroBatchCostsOutOfRangeAreInvalidArgument) {
 // binds it, the weight gradients hide much of it; where the copies on the
 // replicas' own cores bind, they hide nothing, the parts are predicted at
 // 1.00x and one all-reduce after is taken. A spec's choice stands unweighed.
-TEST(PartitionerPlannerTest, TheAllReduceRunsInPartsOnlyWherePredictedTenPercentFaster) {
+TEST(PartitionerPlannerTest, TheAllReduceRunsInPartsOnlyWherePredictedFivePercentFaster) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec = Spec();
   spec.mutable_schedule()->clear_micro_batches();

@@ -54,6 +54,25 @@ void TwoHostsOfTwo(double inner, double outer, apapo::v1::GetPlanResponse* r) {
   }
 }
 
+// Makes `r`'s plan data parallelism: one stage of both nodes, replicated
+// on w-1 and w-2, its backward split or not; returns that stage.
+apapo::v1::Stage* DataParallelOnTwo(bool split_backward, apapo::v1::GetPlanResponse* r) {
+  apapo::v1::Plan* plan = r->mutable_plan();
+  plan->set_schedule(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
+  plan->set_split_backward(split_backward);
+  plan->clear_stages();
+  auto* st = plan->add_stages();
+  st->add_node_ids("a");
+  st->add_node_ids("b");
+  st->set_replicas(2);
+  for (int w = 0; w < 2; ++w) {
+    auto* p = st->add_placement();
+    p->set_worker_id("w-" + std::to_string(w + 1));
+    p->set_rank(w);
+  }
+  return st;
+}
+
 TEST(SimulatedTraceTest, OneTracePerStageReplicaFromZeroPerMicroBatch) {
   auto traces = SimulatedTrace(TwoStages(), 3);
   ASSERT_TRUE(traces.ok()) << traces.status();
@@ -175,19 +194,7 @@ TEST(SimulatedTraceTest, EachStagesLinkIsTheLevelBetweenItsWorkers) {
 TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotCharged) {
   apapo::v1::GetPlanResponse r = TwoStages();
   apapo::v1::Plan* plan = r.mutable_plan();
-  plan->set_schedule(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
-  plan->set_split_backward(false);
-  plan->clear_stages();
-  auto* st = plan->add_stages();
-  st->set_index(0);
-  st->add_node_ids("a");
-  st->add_node_ids("b");
-  st->set_replicas(2);
-  for (int w = 0; w < 2; ++w) {
-    auto* p = st->add_placement();
-    p->set_worker_id("w-" + std::to_string(w + 1));
-    p->set_rank(w);
-  }
+  apapo::v1::Stage* st = DataParallelOnTwo(/*split_backward=*/false, &r);
   r.mutable_profile()->mutable_nodes(0)->set_parameter_bytes(1e6);
   TwoHostsOfTwo(1e9, 1e6, &r);
   auto* link = r.mutable_cluster()->add_links();  // what the factors read
@@ -228,18 +235,7 @@ TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotChar
 TEST(SimulatedTraceTest, AnAllReduceAfterTheBackwardHidesNothing) {
   apapo::v1::GetPlanResponse r = TwoStages();
   apapo::v1::Plan* plan = r.mutable_plan();
-  plan->set_schedule(apapo::v1::SCHEDULE_KIND_DATA_PARALLEL);
-  plan->set_split_backward(true);
-  plan->clear_stages();
-  auto* st = plan->add_stages();
-  st->add_node_ids("a");
-  st->add_node_ids("b");
-  st->set_replicas(2);
-  for (int w = 0; w < 2; ++w) {
-    auto* p = st->add_placement();
-    p->set_worker_id("w-" + std::to_string(w + 1));
-    p->set_rank(w);
-  }
+  DataParallelOnTwo(/*split_backward=*/true, &r);
   for (auto& n : *r.mutable_profile()->mutable_nodes()) {
     n.set_parameter_bytes(1e6);
     n.set_weight_gradients_after_send(true);
