@@ -136,6 +136,7 @@ std::map<std::string, apapo::v1::ProfileResult> CalibratedProfiles(
         if (a == nullptr) continue;
         a->set_seconds(a->seconds() * g);
         a->set_seconds_beside_compute(a->seconds_beside_compute() * g);
+        a->set_seconds_after_compute(a->seconds_after_compute() * g);
       }
     }
     out[w] = std::move(c);

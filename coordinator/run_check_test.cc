@@ -130,6 +130,7 @@ TEST(RunCheckTest, CalibratedProfilesScaleComputeAndAllReduce) {
     r.mutable_profile()->set_update_seconds(0.05);
     r.mutable_allreduce()->set_seconds(0.01);
     r.mutable_allreduce()->set_seconds_beside_compute(0.0125);
+    r.mutable_allreduce()->set_seconds_after_compute(0.015);
     r.mutable_large_allreduce()->set_seconds(0.2);
   }
   // An adopted job's profiles: one model profile, speeds relative to it.
@@ -146,6 +147,7 @@ TEST(RunCheckTest, CalibratedProfilesScaleComputeAndAllReduce) {
   // Its time beside the compute scales with it: its pace there against
   // alone, what the planner's window factor reads, stays as measured.
   EXPECT_NEAR(out["w-2"].allreduce().seconds_beside_compute(), 0.0375, 1e-12);
+  EXPECT_NEAR(out["w-2"].allreduce().seconds_after_compute(), 0.045, 1e-12);
   EXPECT_NEAR(out["w-2"].large_allreduce().seconds(), 0.6, 1e-12);
   // Not in the plan: unmeasured, its times kept; its speed relative to the
   // reference, whose profile doubled, doubles.

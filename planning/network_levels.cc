@@ -232,13 +232,16 @@ std::vector<std::pair<double, double>> AllReduceFactors(
   if (slowest == 0) return {};
   std::map<int64_t, std::vector<double>> ratios;
   for (const auto& a : spec.allreduces()) {
-    if (a.ranks() < 2 || a.bytes() <= 0 || !(a.seconds() > 0) ||
-        !std::isfinite(a.seconds())) {
+    // After the compute where timed so: a replica's all-reduce follows its
+    // backward, not another all-reduce.
+    const double after = a.seconds_after_compute();
+    const double seconds = after > 0 && std::isfinite(after) ? after : a.seconds();
+    if (a.ranks() < 2 || a.bytes() <= 0 || !(seconds > 0) || !std::isfinite(seconds)) {
       continue;
     }
     const double model = partitioner::RingAllReduceSeconds(
         a.bytes(), a.ranks(), slowest, cpu_seconds_per_byte);
-    if (model > 0) ratios[a.bytes()].push_back(a.seconds() / model);
+    if (model > 0) ratios[a.bytes()].push_back(seconds / model);
   }
   std::vector<std::pair<double, double>> out;
   for (auto& [bytes, r] : ratios) {

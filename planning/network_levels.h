@@ -72,7 +72,9 @@ std::vector<std::pair<double, double>> TransferCpuScale(
     const apapo::v1::ClusterSpec& spec);
 
 // pt::Cluster::allreduce_factor from what the workers timed: at each size
-// of spec.allreduces, the median of the measured time / RingAllReduceSeconds
+// of spec.allreduces, the median of the measured time (its time after the
+// compute, seconds_after_compute, where timed; else `seconds`) /
+// RingAllReduceSeconds
 // of the same all-reduce at the slowest link of spec.links and
 // `cpu_seconds_per_byte`, kept within [0.25, 20]; in ascending bytes. Empty
 // (as modelled) when nothing usable was measured.

@@ -303,6 +303,16 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   std::swap(*spec.mutable_allreduces(0), *spec.mutable_allreduces(5));
   EXPECT_THAT(AllReduceFactors(spec, 0),
               ElementsAre(Pair(4e6, 4.0), Pair(64e6, 2.5)));
+  // Timed after the compute too (as a replica's follows its backward):
+  // that time is charged, 24 ms where back to back read 16; a figure
+  // that is not a positive finite time falls back to `seconds`.
+  for (int i = 0; i < spec.allreduces_size(); ++i) {
+    auto* a = spec.mutable_allreduces(i);
+    if (a->bytes() == 4000000) a->set_seconds_after_compute(1.5 * a->seconds());
+    if (a->bytes() == 64000000) a->set_seconds_after_compute(std::nan(""));
+  }
+  EXPECT_THAT(AllReduceFactors(spec, 0),
+              ElementsAre(Pair(4e6, 6.0), Pair(64e6, 2.5)));
   // Kept within [0.25, 20]; unusable figures are skipped.
   spec.clear_allreduces();
   auto* slow = spec.add_allreduces();

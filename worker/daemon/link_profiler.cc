@@ -329,11 +329,15 @@ absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int64_t bytes, int wa
 // part of the core and runs longer than alone, and a window of 1.5 times
 // its time alone missed that tail (the cnn's backward at 1 Gbit/s lost
 // about 13 ms to a 4.8 MB all-reduce, where the window read 8-9).
-// Every rank runs the same steps, in step from the previous finish. The
-// medians of the loss and of the all-reduce's time beside the loop.
+// Every rank runs the same steps, in step from the previous finish. Then
+// the loop runs alone for the window again and one all-reduce follows it,
+// timed, as a replica's follows its backward
+// (AllReduceMeasurement.seconds_after_compute). The medians of the loss,
+// of the all-reduce's time beside the loop and of its time after it.
 struct ComputeLoss {
   double lost = 0;
   double seconds_beside = 0;
+  double seconds_after = 0;
 };
 absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
                                                  double window, int timed) {
@@ -360,6 +364,7 @@ absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
   };
   std::vector<double> lost;
   std::vector<double> beside_seconds;
+  std::vector<double> after_seconds;
   for (int i = 0; i < std::max(1, timed); ++i) {
     const auto [alone, alone_seconds] =
         products_until([&](double s) { return s >= window; });
@@ -369,8 +374,13 @@ absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
     if (auto sums = t.FinishAllReduceSums(0); !sums.ok()) return sums.status();
     lost.push_back(std::max(0.0, during - beside * alone_seconds / alone));
     beside_seconds.push_back(during);
+    products_until([&](double s) { return s >= window; });
+    std::vector<at::Tensor> whole = tensors;
+    const Clock::time_point start = Clock::now();
+    if (absl::Status s = t.AllReduceSum(0, whole); !s.ok()) return s;
+    after_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
-  return ComputeLoss{Median(lost), Median(beside_seconds)};
+  return ComputeLoss{Median(lost), Median(beside_seconds), Median(after_seconds)};
 }
 
 // The all-reduces of the link test (see the header): message_bytes, then
@@ -401,6 +411,7 @@ absl::StatusOr<std::vector<apapo::v1::AllReduceMeasurement>> TimeAllReduces(
   if (!lost.ok()) return lost.status();
   out.back().set_compute_lost_seconds(lost->lost);
   out.back().set_seconds_beside_compute(lost->seconds_beside);
+  out.back().set_seconds_after_compute(lost->seconds_after);
   if (o.large_allreduce_bytes <= o.message_bytes) return out;
   const double scaled = mean_seconds *
                         static_cast<double>(o.large_allreduce_bytes) /

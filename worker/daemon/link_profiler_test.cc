@@ -119,6 +119,8 @@ TEST(LinkProfilerTest, TwoRanksMeasureAPositiveBandwidthOverLoopback) {
     EXPECT_GT(out[rank].allreduces[0].seconds_beside_compute(), 0);
     EXPECT_GE(out[rank].allreduces[0].seconds_beside_compute(),
               out[rank].allreduces[0].compute_lost_seconds());
+    // And after that loop, alone: measured.
+    EXPECT_GT(out[rank].allreduces[0].seconds_after_compute(), 0);
   }
   // The CPU figure is each side's own. Both ranks share this process, so
   // each counts both ends' copies; still, the process cannot have used
