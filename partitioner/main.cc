@@ -5,7 +5,6 @@
 // Exit codes: 0 ok, 2 bad input (one line "FILE:LINE: reason" or "flag:
 // reason" on stderr), 3 no plan fits in memory.
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -210,8 +209,7 @@ int Run() {
   apapo::v1::Plan proto = PlanToProto(*plan, *graph, name);
   proto.set_split_backward(options.split_backward && *model == CostModel::kApapo);
   proto.set_allreduce_after_backward(proto.split_backward() && !options.allreduce_in_backward &&
-                                     std::any_of(plan->stages.begin(), plan->stages.end(),
-                                                 [](const StagePlan& s) { return s.replicas > 1; }));
+                                     Replicated(*plan));
   proto.set_weight_prediction(PredictsWeights(options));
 
   if (absl::GetFlag(FLAGS_compare)) {

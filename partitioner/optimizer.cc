@@ -2015,6 +2015,11 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
   return best;
 }
 
+bool Replicated(const Plan& plan) {
+  return std::any_of(plan.stages.begin(), plan.stages.end(),
+                     [](const StagePlan& st) { return st.replicas > 1; });
+}
+
 bool PredictsWeights(const PlannerOptions& options) {
   return options.weight_prediction && options.cost_model == CostModel::kApapo &&
          options.schedule == schedule::ScheduleKind::kAsync;

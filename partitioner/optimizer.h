@@ -297,6 +297,10 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
 // weight_prediction records it.
 bool PredictsWeights(const PlannerOptions& options);
 
+// Whether any stage of `plan` has more than one replica (an all-reduce to
+// run: Plan.allreduce_after_backward says how).
+bool Replicated(const Plan& plan);
+
 // The data-parallel plan (one stage, every worker a replica, or the
 // options.replicas fastest) under the same cost model, for comparisons.
 absl::StatusOr<Plan> DataParallelPlan(const Graph& graph,

@@ -137,10 +137,7 @@ std::string WeighMicroBatches(const apapo::v1::JobSpec& spec, const pt::Graph& g
   return "";
 }
 
-bool Replicated(const pt::Plan& plan) {
-  return std::any_of(plan.stages.begin(), plan.stages.end(),
-                     [](const pt::StagePlan& st) { return st.replicas > 1; });
-}
+using pt::Replicated;
 
 // Where the spec leaves ScheduleSpec.allreduce_in_backward unset, a
 // replicated stage starts its all-reduce in parts during the backward only
