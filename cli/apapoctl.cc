@@ -136,17 +136,23 @@ std::string FormatNetwork(const apapo::v1::ClusterSpec& cluster) {
                     " more link(s)\n");
   }
   // The all-reduces the workers timed: the median of their timings at
-  // each size, in ascending bytes.
-  std::map<int64_t, std::vector<apapo::v1::AllReduceMeasurement>> reduces;
-  for (const auto& a : cluster.allreduces()) reduces[a.bytes()].push_back(a);
-  for (auto& [bytes, timed] : reduces) {
+  // each size, in ascending bytes, over every worker, then inside each
+  // host that some shared (named).
+  std::map<std::pair<std::string, int64_t>, std::vector<apapo::v1::AllReduceMeasurement>>
+      reduces;
+  for (const auto& a : cluster.allreduces()) {
+    reduces[{absl::StrJoin(a.worker_ids(), ", "), a.bytes()}].push_back(a);
+  }
+  for (auto& [key, timed] : reduces) {
     std::sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) {
       return a.seconds() < b.seconds();
     });
     const auto& a = timed[timed.size() / 2];
+    const std::string among =
+        key.first.empty() ? "" : absl::StrCat(" on one host (", key.first, ")");
     absl::StrAppend(&out, absl::StrFormat(
-        "  all-reduce of %s over %d worker(s): %.1f ms (median of %d timing(s))\n",
-        FormatBytes(bytes), a.ranks(), a.seconds() * 1e3, timed.size()));
+        "  all-reduce of %s over %d worker(s)%s: %.1f ms (median of %d timing(s))\n",
+        FormatBytes(key.second), a.ranks(), among, a.seconds() * 1e3, timed.size()));
   }
   // What a message cost the workers' CPU by size (the median per size).
   std::map<int64_t, std::vector<double>> by_size;

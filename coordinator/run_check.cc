@@ -129,7 +129,9 @@ std::map<std::string, apapo::v1::ProfileResult> CalibratedProfiles(
     if (check.allreduce_factor.has_value()) {
       const double g = *check.allreduce_factor;
       // Its time beside the compute with it: the pace beside compute
-      // against alone (the window factor) stays as measured.
+      // against alone (the window factor) stays as measured. The one inside
+      // a host (host_allreduce) stays too: the run's all-reduces may have
+      // crossed hosts, and the factor says nothing of one that did not.
       for (apapo::v1::AllReduceMeasurement* a :
            {c.has_allreduce() ? c.mutable_allreduce() : nullptr,
             c.has_large_allreduce() ? c.mutable_large_allreduce() : nullptr}) {

@@ -464,6 +464,9 @@ void Scheduler::KeepFasterProfile(ActiveJob& a, const std::string& worker_id,
   if (first.has_large_allreduce()) {
     *second.mutable_large_allreduce() = first.large_allreduce();
   }
+  if (first.has_host_allreduce()) {
+    *second.mutable_host_allreduce() = first.host_allreduce();
+  }
   first = std::move(second);
 }
 
@@ -605,6 +608,20 @@ Scheduler::PlanRequest Scheduler::MakePlanRequest(ActiveJob& a, bool record) {
     if (r.has_allreduce()) *cluster.add_allreduces() = r.allreduce();
     if (r.has_large_allreduce()) {
       *cluster.add_allreduces() = r.large_allreduce();
+    }
+    // The one inside the worker's host, where it names the worker among
+    // distinct workers the job still holds, as many as took part (as
+    // links, a worker lost since is left out; a worker's report is not
+    // trusted to name others).
+    if (r.has_host_allreduce()) {
+      const auto& ids = r.host_allreduce().worker_ids();
+      const std::set<std::string> named(ids.begin(), ids.end());
+      const bool sound =
+          ids.size() >= 2 && static_cast<int>(named.size()) == ids.size() &&
+          r.host_allreduce().ranks() == ids.size() && named.count(w) &&
+          std::all_of(ids.begin(), ids.end(),
+                      [&](const std::string& id) { return held.count(id) > 0; });
+      if (sound) *cluster.add_allreduces() = r.host_allreduce();
     }
     if (r.has_checkpoint()) {
       apapo::v1::CheckpointMeasurement* c = cluster.add_checkpoints();

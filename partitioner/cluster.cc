@@ -62,6 +62,22 @@ double Cluster::AllReduceFactor(double parameter_bytes) const {
   return InterpolateLogBytes(allreduce_factor, parameter_bytes);
 }
 
+double Cluster::AllReduceFactor(double parameter_bytes, int level) const {
+  if (level >= 0 && level < static_cast<int>(allreduce_factor_by_level.size()) &&
+      !allreduce_factor_by_level[level].empty()) {
+    return InterpolateLogBytes(allreduce_factor_by_level[level], parameter_bytes);
+  }
+  return AllReduceFactor(parameter_bytes);
+}
+
+bool Cluster::allreduce_measured() const {
+  if (!allreduce_factor.empty()) return true;
+  for (const auto& points : allreduce_factor_by_level) {
+    if (!points.empty()) return true;
+  }
+  return false;
+}
+
 int Cluster::num_workers() const {
   int64_t n = 1;
   for (const Level& level : levels) n *= level.fanout;
@@ -225,6 +241,12 @@ std::string DescribeCluster(const Cluster& cluster) {
   }
   for (const auto& [bytes, factor] : cluster.allreduce_factor) {
     absl::StrAppend(&out, ", all-reduce x", factor, " at ", bytes, " B");
+  }
+  for (size_t l = 0; l < cluster.allreduce_factor_by_level.size(); ++l) {
+    for (const auto& [bytes, factor] : cluster.allreduce_factor_by_level[l]) {
+      absl::StrAppend(&out, ", all-reduce inside level ", l, " x", factor, " at ", bytes,
+                      " B");
+    }
   }
   if (cluster.allreduce_window_factor < 1) {
     absl::StrAppend(&out, ", all-reduce window x", cluster.allreduce_window_factor);

@@ -72,6 +72,14 @@ struct Cluster {
   // all-reduce the kApapo cost model and the simulator charge, at that
   // all-reduce's size (AllReduceFactor). Empty: as modelled.
   std::vector<std::pair<double, double>> allreduce_factor;
+  // The same where the all-reduces inside one group of a level were timed
+  // apart: [l] for replicas that span level l (SpanLevel), the workers of
+  // one host timed among themselves, whose all-reduce runs over the host's
+  // links and CPUs (the one over every worker, bound by the slowest link,
+  // tells nothing of it: 2 workers of one host ran theirs at 2.25x the
+  // ring, the four over a 1 Gbit/s link at 1.1x). Missing or empty for a
+  // level: allreduce_factor.
+  std::vector<std::vector<std::pair<double, double>>> allreduce_factor_by_level;
   // CPU seconds a real all-reduce took in a worker's process per byte each
   // rank moves each way (2 (n - 1) / n of its bytes), measured while
   // profiling (AllReduceMeasurement.cpu_seconds): Gloo's copies and sums and
@@ -114,6 +122,11 @@ struct Cluster {
   // linear in log bytes between points, the nearest point's outside them;
   // 1 when there is none.
   double AllReduceFactor(double parameter_bytes) const;
+  // The factor for replicas that span `level`: allreduce_factor_by_level's
+  // where it has one for the level, else AllReduceFactor.
+  double AllReduceFactor(double parameter_bytes, int level) const;
+  // Whether any all-reduce was timed (a factor at some level).
+  bool allreduce_measured() const;
 
   int num_workers() const;
   double speed(int worker) const {

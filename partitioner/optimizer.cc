@@ -697,6 +697,7 @@ struct LevelContext {
   CostModel model;
   double rho;
   double bandwidth;
+  int level = 0;             // l: replicas here span it (its all-reduce factor)
   int inner_fanout;          // n_{l-1} (1 at level 0)
   const LevelTable* inner;   // nullptr at level 0
   double speed;              // level-0 compute speed
@@ -901,7 +902,7 @@ absl::StatusOr<LevelTable> SolveLevel(const LevelContext& ctx, int M,
         // Each replica copies what it sends and receives, 2 x 2 (y-1)/y P,
         // on its own CPU; where that is slower than the wire it binds.
         ar_coef = std::max(ar_coef, 2.0 * params / ar_divisor * ctx.transfer_cpu);
-        if (!pipedream) ar_coef *= ctx.cluster->AllReduceFactor(params);
+        if (!pipedream) ar_coef *= ctx.cluster->AllReduceFactor(params, ctx.level);
         // With a split backward, the weight gradients of a replica's last
         // micro-batch hide the all-reduce's link time but not its copies'
         // share: ExposedAllReduceSeconds(AR, cpu_share, W / y, f), W the
@@ -1452,12 +1453,12 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
             s, adds, 1e3 * stage.accumulate_seconds, added_bytes / 1e6));
       }
     }
-    const double ar_bw =
-        cluster.levels[SpanLevel(cluster, f.workers)].bandwidth;
+    const int ar_level = SpanLevel(cluster, f.workers);
+    const double ar_bw = cluster.levels[ar_level].bandwidth;
     // The whole all-reduce; a split backward hides part of it below.
     const double full_allreduce =
         pipedream ? 4.0 * (r - 1) * stage.parameter_bytes / (ar_bw * r) / r
-                  : cluster.AllReduceFactor(stage.parameter_bytes) *
+                  : cluster.AllReduceFactor(stage.parameter_bytes, ar_level) *
                         RingAllReduceSeconds(stage.parameter_bytes, r, ar_bw,
                                              cluster.transfer_cpu_seconds_per_byte);
     stage.allreduce_seconds = full_allreduce;
@@ -1551,9 +1552,9 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
     busy_sum += stage.time_seconds;
     const double hidden_allreduce = full_allreduce - stage.allreduce_seconds;
     if (!pipedream && r > 1 &&
-        (!cluster.allreduce_factor.empty() || hidden_allreduce >= 5e-7)) {
+        (cluster.allreduce_measured() || hidden_allreduce >= 5e-7)) {
       std::string note =
-          cluster.allreduce_factor.empty()
+          !cluster.allreduce_measured()
               ? absl::StrFormat("stage %d's all-reduce takes %.3g ms per "
                                 "mini-batch",
                                 s, 1e3 * full_allreduce)
@@ -1562,7 +1563,7 @@ absl::Status FinishPlan(const Graph& graph, const WorkGraph& w,
                     "mini-batch: %.2fx the ring over its link at its %.3g "
                     "MB, as the all-reduces measured while profiling ran",
                     s, 1e3 * full_allreduce,
-                    cluster.AllReduceFactor(stage.parameter_bytes),
+                    cluster.AllReduceFactor(stage.parameter_bytes, ar_level),
                     stage.parameter_bytes / 1e6);
       if (hidden_allreduce >= 5e-7) {
         absl::StrAppend(
@@ -1876,6 +1877,7 @@ absl::StatusOr<Plan> PlanPipeline(const Graph& graph, const Cluster& cluster,
       ctx.model = options.cost_model;
       ctx.rho = options.activation_compression_ratio;
       ctx.bandwidth = cluster.levels[l].bandwidth;
+      ctx.level = l;
       ctx.inner_fanout = l == 0 ? 1 : cluster.levels[l - 1].fanout;
       ctx.inner = l == 0 ? nullptr : &tables[l - 1];
       ctx.speed = mean_speed;

@@ -137,7 +137,8 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan,
       // apapo cost model charges it: less what the weight gradients of the
       // last micro-batch on the slowest replica hide of its link time
       // (StagePlan::allreduce_window_seconds).
-      const double ring = cluster.AllReduceFactor(st.parameter_bytes) *
+      const double ring = cluster.AllReduceFactor(st.parameter_bytes,
+                                                  SpanLevel(cluster, st.workers)) *
                           RingAllReduceSeconds(st.parameter_bytes, r,
                                                st.allreduce_bandwidth,
                                                cluster.transfer_cpu_seconds_per_byte);

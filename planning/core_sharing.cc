@@ -137,11 +137,20 @@ std::vector<std::vector<int>> SpeedSubsets(const apapo::v1::ClusterSpec& cluster
   return subsets;
 }
 
-void KeepAllReducesOfAtMost(int workers, apapo::v1::ClusterSpec* cluster) {
+void KeepAllReducesWithin(const std::vector<std::string>& workers,
+                          apapo::v1::ClusterSpec* cluster) {
+  const std::set<std::string> held(workers.begin(), workers.end());
   auto* all = cluster->mutable_allreduces();
   all->erase(std::remove_if(all->begin(), all->end(),
                             [&](const apapo::v1::AllReduceMeasurement& a) {
-                              return a.ranks() > workers;
+                              if (a.worker_ids_size() == 0) {
+                                return a.ranks() > static_cast<int>(held.size());
+                              }
+                              return !std::all_of(a.worker_ids().begin(),
+                                                  a.worker_ids().end(),
+                                                  [&](const std::string& id) {
+                                                    return held.count(id) > 0;
+                                                  });
                             }),
              all->end());
 }
@@ -176,7 +185,7 @@ apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,
   out.clear_workers();
   out.clear_links();
   out.clear_levels();
-  KeepAllReducesOfAtMost(static_cast<int>(kept.size()), &out);
+  KeepAllReducesWithin(ids, &out);
   std::vector<apapo::v1::LinkMeasurement> links;
   for (const auto& link : cluster.links()) {
     if (held.count(link.from_worker()) && held.count(link.to_worker())) {

@@ -20,6 +20,7 @@
 #define APAPO_PLANNING_CORE_SHARING_H_
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "proto/apapo/v1/profile.pb.h"
@@ -78,20 +79,24 @@ double SpeedOf(const apapo::v1::WorkerResources& worker);
 // The slowest worker's speed over the fastest's; 1 without workers.
 double SlowestOverFastest(const apapo::v1::ClusterSpec& cluster);
 
-// Removes the all-reduces timed over more than `workers` workers: one
-// over more crossed links and shared cores that `workers` of them need not,
-// so it does not describe theirs (the 2 x 2 lab's four-worker all-reduce
-// over the slow link, kept for two workers of one host, priced their data
-// parallelism at the slow link's rate: bench/cluster, 2026-12-07 07:53).
+// Keeps the all-reduces timed among `workers` (ids) only: one naming its
+// workers (AllReduceMeasurement.worker_ids) where they are all among them,
+// one over every worker profiled (naming none) where it took no more part
+// than `workers` holds. One over more crossed links and shared cores that
+// they need not, so it does not describe theirs (the 2 x 2 lab's
+// four-worker all-reduce over the slow link, kept for two workers of one
+// host, priced their data parallelism at the slow link's rate:
+// bench/cluster, 2026-12-07 07:53). Two workers of one host keep theirs.
 // Without one the ring over their links is charged (network_levels.h).
-void KeepAllReducesOfAtMost(int workers, apapo::v1::ClusterSpec* cluster);
+void KeepAllReducesWithin(const std::vector<std::string>& workers,
+                          apapo::v1::ClusterSpec* cluster);
 
 // `cluster` restricted to `subset` (indices): its workers, each at its
 // speed under that load (SpeedsUnderLoad) with its core set cleared (the
 // share is applied), the links among them, the network levels re-inferred
 // from those links (one level at the cluster's innermost bandwidth when
 // none was measured), the all-reduces timed over no more workers than the
-// subset holds (KeepAllReducesOfAtMost); the rest as in `cluster`. Every
+// subset holds (KeepAllReducesWithin); the rest as in `cluster`. Every
 // worker of a cluster with levels keeps its order, links, levels and
 // all-reduces.
 apapo::v1::ClusterSpec SubCluster(const apapo::v1::ClusterSpec& cluster,

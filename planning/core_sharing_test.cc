@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planning/chain_profile_testing.h"
@@ -15,6 +17,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 TEST(CoreSharingTest, AShareIsTheCoresOverTheBusyThreads) {
   EXPECT_DOUBLE_EQ(ShareOfCores(2, 1, 4), 0.5);
@@ -179,6 +182,63 @@ TEST(CoreSharingTest, ASubClusterKeepsNoAllReduceTimedOverMoreWorkers) {
   apapo::v1::ClusterSpec pairs = TwoByTwoWithAllReduce();
   pairs.mutable_allreduces(0)->set_ranks(2);
   EXPECT_EQ(SubCluster(pairs, {0, 1}).allreduces_size(), 1);
+}
+
+// Each host's two workers timed their all-reduce among themselves too
+// (ProfileResult.host_allreduce), 3x the ring over their 1 GB/s link: 4
+// MiB each way, 12.6 ms.
+apapo::v1::ClusterSpec TwoByTwoWithHostAllReduces() {
+  apapo::v1::ClusterSpec c = TwoByTwoWithAllReduce();
+  for (const char* pair : {"w-1,w-2", "w-3,w-4"}) {
+    for (int i = 0; i < 2; ++i) {
+      auto* a = c.add_allreduces();
+      a->set_ranks(2);
+      a->set_bytes(4 << 20);
+      a->set_seconds(3.0 * (4 << 20) / 1e9);
+      for (const auto id : absl::StrSplit(pair, ',')) a->add_worker_ids(std::string(id));
+    }
+  }
+  return c;
+}
+
+TEST(CoreSharingTest, ASubClusterKeepsTheAllReducesTimedAmongItsWorkers) {
+  const auto ids = [](const apapo::v1::ClusterSpec& c) {
+    std::vector<std::string> out;
+    for (const auto& a : c.allreduces()) {
+      out.push_back(absl::StrCat(a.ranks(), ":", absl::StrJoin(a.worker_ids(), ",")));
+    }
+    return out;
+  };
+  EXPECT_THAT(ids(SubCluster(TwoByTwoWithHostAllReduces(), {0, 1})),
+              ElementsAre("2:w-1,w-2", "2:w-1,w-2"));
+  EXPECT_THAT(ids(SubCluster(TwoByTwoWithHostAllReduces(), {2, 3})),
+              ElementsAre("2:w-3,w-4", "2:w-3,w-4"));
+  // One of each host: neither host's, nor the four workers'.
+  EXPECT_THAT(ids(SubCluster(TwoByTwoWithHostAllReduces(), {0, 2})), IsEmpty());
+  EXPECT_EQ(SubCluster(TwoByTwoWithHostAllReduces(), {0, 1, 2}).allreduces_size(), 2);
+  EXPECT_EQ(SubCluster(TwoByTwoWithHostAllReduces(), {0, 1, 2, 3}).allreduces_size(), 8);
+}
+
+// Two workers of one host that timed their own all-reduce are charged it:
+// 3x the ring over their link, where without it the ring itself was.
+TEST(CoreSharingTest, TwoWorkersOfOneHostAreChargedTheAllReduceTheyTimed) {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(1);
+  spec.mutable_schedule()->set_replicas(2);
+  const apapo::v1::ModelProfile profile = test_profiles::Chain("chain", 0.02, 0);
+  PartitionerPlanner planner;
+  auto plan = planner.MakePlan(spec, profile, TwoByTwoWithHostAllReduces());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto ring = planner.MakePlan(spec, profile, TwoByTwoWithAllReduce());
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_EQ(plan->stages_size(), 1);
+  ASSERT_EQ(ring->stages_size(), 1);
+  EXPECT_GT(plan->stages(0).allreduce_seconds(), 2.5 * ring->stages(0).allreduce_seconds());
+  std::string notes;
+  for (const auto& n : plan->notes()) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("3.00x the ring over its link"));
+  EXPECT_THAT(notes, HasSubstr("these 2 timed theirs among themselves"));
 }
 
 // Data parallelism on the two workers of one host is priced on their fast

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -222,27 +223,52 @@ std::vector<std::pair<double, double>> TransferCpuScale(
   return out;
 }
 
-std::vector<std::pair<double, double>> AllReduceFactors(
-    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte) {
+namespace {
+
+// Whether `a` was timed over every worker of `spec`: it names none (the
+// job's every worker when profiled), or exactly them.
+bool OverEveryWorker(const apapo::v1::AllReduceMeasurement& a,
+                     const apapo::v1::ClusterSpec& spec) {
+  if (a.worker_ids_size() == 0) return true;
+  const std::set<std::string> named(a.worker_ids().begin(), a.worker_ids().end());
+  if (static_cast<int>(named.size()) != spec.workers_size()) return false;
+  for (const auto& w : spec.workers()) {
+    if (!named.count(w.worker_id())) return false;
+  }
+  return true;
+}
+
+// The slowest measured link among `workers` (all of spec's when empty);
+// 0 when none was measured.
+double SlowestLink(const apapo::v1::ClusterSpec& spec, const std::set<std::string>& workers) {
   double slowest = 0;
   for (const auto& link : spec.links()) {
+    if (!workers.empty() &&
+        (!workers.count(link.from_worker()) || !workers.count(link.to_worker()))) {
+      continue;
+    }
     const double bw = link.bandwidth_bytes_per_second();
     if (bw > 0 && (slowest == 0 || bw < slowest)) slowest = bw;
   }
-  if (slowest == 0) return {};
-  std::map<int64_t, std::vector<double>> ratios;
-  for (const auto& a : spec.allreduces()) {
-    // After the compute where timed so: a replica's all-reduce follows its
-    // backward, not another all-reduce.
-    const double after = a.seconds_after_compute();
-    const double seconds = after > 0 && std::isfinite(after) ? after : a.seconds();
-    if (a.ranks() < 2 || a.bytes() <= 0 || !(seconds > 0) || !std::isfinite(seconds)) {
-      continue;
-    }
-    const double model = partitioner::RingAllReduceSeconds(
-        a.bytes(), a.ranks(), slowest, cpu_seconds_per_byte);
-    if (model > 0) ratios[a.bytes()].push_back(seconds / model);
+  return slowest;
+}
+
+// Adds `a`'s time (after the compute where timed so: a replica's
+// all-reduce follows its backward, not another all-reduce) over the ring
+// at `bandwidth` to `ratios` at its size.
+void AddRatio(const apapo::v1::AllReduceMeasurement& a, double bandwidth,
+              double cpu_seconds_per_byte, std::map<int64_t, std::vector<double>>* ratios) {
+  const double after = a.seconds_after_compute();
+  const double seconds = after > 0 && std::isfinite(after) ? after : a.seconds();
+  if (a.ranks() < 2 || a.bytes() <= 0 || !(seconds > 0) || !std::isfinite(seconds)) {
+    return;
   }
+  const double model =
+      partitioner::RingAllReduceSeconds(a.bytes(), a.ranks(), bandwidth, cpu_seconds_per_byte);
+  if (model > 0) (*ratios)[a.bytes()].push_back(seconds / model);
+}
+
+std::vector<std::pair<double, double>> Medians(std::map<int64_t, std::vector<double>>& ratios) {
   std::vector<std::pair<double, double>> out;
   for (auto& [bytes, r] : ratios) {
     out.push_back({static_cast<double>(bytes), std::clamp(MedianOf(r), 0.25, 20.0)});
@@ -250,13 +276,74 @@ std::vector<std::pair<double, double>> AllReduceFactors(
   return out;
 }
 
+}  // namespace
+
+std::vector<std::pair<double, double>> AllReduceFactors(
+    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte) {
+  const double slowest = SlowestLink(spec, {});
+  if (slowest == 0) return {};
+  std::map<int64_t, std::vector<double>> ratios;
+  for (const auto& a : spec.allreduces()) {
+    if (OverEveryWorker(a, spec)) AddRatio(a, slowest, cpu_seconds_per_byte, &ratios);
+  }
+  return Medians(ratios);
+}
+
+std::vector<std::vector<std::pair<double, double>>> AllReduceFactorsByLevel(
+    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte) {
+  const std::vector<partitioner::Level> levels = ClusterLevels(spec);
+  std::map<std::string, int> index;
+  for (int i = 0; i < spec.workers_size(); ++i) index[spec.workers(i).worker_id()] = i;
+  std::vector<std::map<int64_t, std::vector<double>>> ratios(levels.size());
+  for (const auto& a : spec.allreduces()) {
+    if (OverEveryWorker(a, spec)) continue;
+    const std::set<std::string> named(a.worker_ids().begin(), a.worker_ids().end());
+    std::vector<int> workers;
+    for (const std::string& id : named) {
+      auto it = index.find(id);
+      if (it != index.end()) workers.push_back(it->second);
+    }
+    if (workers.size() != named.size() || workers.size() < 2) continue;
+    // The level its workers span, if inside the outermost: the outermost's
+    // all-reduces are those over every worker.
+    int level = 0;
+    int64_t group = levels[0].fanout;
+    const auto same_group = [&] {
+      for (int w : workers) {
+        if (w / group != workers[0] / group) return false;
+      }
+      return true;
+    };
+    while (!same_group() && level + 1 < static_cast<int>(levels.size())) {
+      group *= levels[++level].fanout;
+    }
+    if (level + 1 >= static_cast<int>(levels.size())) continue;
+    const double measured = SlowestLink(spec, named);
+    AddRatio(a, measured > 0 ? measured : levels[level].bandwidth, cpu_seconds_per_byte,
+             &ratios[level]);
+  }
+  std::vector<std::vector<std::pair<double, double>>> out;
+  bool any = false;
+  for (auto& r : ratios) {
+    out.push_back(Medians(r));
+    any |= !out.back().empty();
+  }
+  if (!any) out.clear();
+  return out;
+}
+
 double AllReduceCpuSecondsPerByte(const apapo::v1::ClusterSpec& spec) {
   // The compute lost where measured, else the process's CPU.
   bool lost = false;
   for (const auto& a : spec.allreduces()) lost |= a.compute_lost_seconds() > 0;
+  // Over every worker, as the factor: each host's alone measures
+  // the factor of its own level only.
   const auto figure = [&](const apapo::v1::AllReduceMeasurement& a) {
     const double f = lost ? a.compute_lost_seconds() : a.cpu_seconds();
-    return a.ranks() >= 2 && a.bytes() > 0 && f > 0 && std::isfinite(f) ? f : 0.0;
+    return a.ranks() >= 2 && a.bytes() > 0 && f > 0 && std::isfinite(f) &&
+                   OverEveryWorker(a, spec)
+               ? f
+               : 0.0;
   };
   int64_t largest = 0;
   for (const auto& a : spec.allreduces()) {
@@ -275,7 +362,7 @@ double AllReduceWindowFactor(const apapo::v1::ClusterSpec& spec) {
   std::vector<double> factors;
   for (const auto& a : spec.allreduces()) {
     const double beside = a.seconds_beside_compute();
-    if (a.ranks() < 2 || !(beside > 0) || !std::isfinite(beside) || !(a.seconds() > 0) ||
+    if (a.ranks() < 2 || !OverEveryWorker(a, spec) || !(beside > 0) || !std::isfinite(beside) || !(a.seconds() > 0) ||
         !std::isfinite(a.seconds()) || !(a.compute_lost_seconds() >= 0) ||
         !std::isfinite(a.compute_lost_seconds())) {
       continue;
@@ -291,6 +378,8 @@ void SetMeasuredCosts(const apapo::v1::ClusterSpec& spec, partitioner::Cluster* 
   cluster->transfer_cpu_seconds_per_byte = TransferCpuSecondsPerByte(spec.links());
   cluster->transfer_cpu_scale = TransferCpuScale(spec);
   cluster->allreduce_factor = AllReduceFactors(spec, cluster->transfer_cpu_seconds_per_byte);
+  cluster->allreduce_factor_by_level =
+      AllReduceFactorsByLevel(spec, cluster->transfer_cpu_seconds_per_byte);
   cluster->allreduce_cpu_seconds_per_byte = AllReduceCpuSecondsPerByte(spec);
   cluster->allreduce_window_factor = AllReduceWindowFactor(spec);
 }

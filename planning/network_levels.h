@@ -78,7 +78,18 @@ std::vector<std::pair<double, double>> TransferCpuScale(
 // of the same all-reduce at the slowest link of spec.links and
 // `cpu_seconds_per_byte`, kept within [0.25, 20]; in ascending bytes. Empty
 // (as modelled) when nothing usable was measured.
+// Only those timed over every worker of spec count here (an all-reduce
+// naming fewer, AllReduceMeasurement.worker_ids, goes to
+// AllReduceFactorsByLevel).
 std::vector<std::pair<double, double>> AllReduceFactors(
+    const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte);
+
+// pt::Cluster::allreduce_factor_by_level from the all-reduces timed among
+// some of spec's workers (those of one host): each where its workers span
+// a level inside the outermost of ClusterLevels(spec), over the ring at the
+// slowest link measured among them (else that level's bandwidth), the
+// median at each size as AllReduceFactors. Empty when none is usable.
+std::vector<std::vector<std::pair<double, double>>> AllReduceFactorsByLevel(
     const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte);
 
 // pt::Cluster::allreduce_cpu_seconds_per_byte from what the workers timed:

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -330,6 +331,63 @@ TEST(NetworkLevelsTest, TheAllReduceFactorIsTheMeasuredOverTheRingModel) {
   EXPECT_THAT(AllReduceFactors(spec, 0), ElementsAre(Pair(4e6, 20.0)));
   spec.clear_links();
   EXPECT_THAT(AllReduceFactors(spec, 0), IsEmpty());
+}
+
+// An all-reduce timed among the workers of one host (named) sets the
+// factor of the level they span, over the ring at their own link; the
+// one over every worker sets the general factor alone.
+TEST(NetworkLevelsTest, AnAllReduceInsideAHostSetsItsLevelsFactor) {
+  apapo::v1::ClusterSpec spec;
+  for (int i = 1; i <= 4; ++i) spec.add_workers()->set_worker_id("w-" + std::to_string(i));
+  for (double gb : {1.0, 0.01}) {
+    auto* level = spec.add_levels();
+    level->set_group_size(2);
+    level->set_bandwidth_bytes_per_second(gb * 1e9);
+  }
+  for (int a = 1; a <= 4; ++a) {
+    for (int b = 1; b <= 4; ++b) {
+      if (a != b) {
+        *spec.add_links() = Link("w-" + std::to_string(a), "w-" + std::to_string(b),
+                                 (a - 1) / 2 == (b - 1) / 2 ? 1.0 : 0.01);
+      }
+    }
+  }
+  // 4 MB over 4 ranks at 10 MB/s: 600 ms as the ring has it; timed 1.2 s.
+  auto* all = spec.add_allreduces();
+  all->set_ranks(4);
+  all->set_bytes(4000000);
+  all->set_seconds(1.2);
+  // w-1 and w-2 over their 1 GB/s link: 4 ms as the ring has it; timed 12.
+  const auto named = [&](std::vector<std::string> ids, double seconds) {
+    auto* a = spec.add_allreduces();
+    a->set_ranks(static_cast<int>(ids.size()));
+    a->set_bytes(4000000);
+    a->set_seconds(seconds);
+    for (const auto& id : ids) a->add_worker_ids(id);
+  };
+  named({"w-1", "w-2"}, 0.012);
+  named({"w-2", "w-1"}, 0.012);
+  EXPECT_THAT(AllReduceFactors(spec, 0), ElementsAre(Pair(4e6, 2.0)));
+  EXPECT_THAT(AllReduceFactorsByLevel(spec, 0),
+              ElementsAre(ElementsAre(Pair(4e6, 3.0)), IsEmpty()));
+  // Named over workers the cluster does not hold, or across the hosts
+  // (the outermost level, the four-worker one's): not counted.
+  named({"w-1", "w-9"}, 1.0);
+  named({"w-1", "w-3"}, 1.0);
+  EXPECT_THAT(AllReduceFactorsByLevel(spec, 0),
+              ElementsAre(ElementsAre(Pair(4e6, 3.0)), IsEmpty()));
+  // Naming every worker is the four-worker measurement.
+  named({"w-4", "w-3", "w-2", "w-1"}, 1.2);
+  EXPECT_THAT(AllReduceFactors(spec, 0), ElementsAre(Pair(4e6, 2.0)));
+  // The planner's cluster reads each level's.
+  partitioner::Cluster cluster;
+  cluster.levels = ClusterLevels(spec);
+  SetMeasuredCosts(spec, &cluster);
+  EXPECT_DOUBLE_EQ(cluster.AllReduceFactor(4e6, 0), 3.0);
+  EXPECT_DOUBLE_EQ(cluster.AllReduceFactor(4e6, 1), 2.0);
+  // Nothing named: no level's own.
+  spec.clear_allreduces();
+  EXPECT_THAT(AllReduceFactorsByLevel(spec, 0), IsEmpty());
 }
 
 // Each worker's figures over its own figure at its smallest size (the link

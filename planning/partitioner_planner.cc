@@ -450,9 +450,12 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlanAsAsked(
       for (const auto& a : cluster_spec.allreduces()) ranks = std::max(ranks, a.ranks());
       plan->add_notes(absl::StrFormat(
           "the all-reduces timed while profiling spanned %d workers, over links and "
-          "cores these %d do not share: theirs is charged as the ring over their own "
-          "links",
-          ranks, best->workers_size()));
+          "cores these %d do not share: theirs is charged %s",
+          ranks, best->workers_size(),
+          best->allreduces_size() > 0 ? absl::StrFormat("as these %d timed theirs among "
+                                                        "themselves",
+                                                        best->workers_size())
+                                      : std::string("as the ring over their own links")));
     }
   }
   return plan;

@@ -187,8 +187,11 @@ absl::StatusOr<pt::SimulationResult> SimulateStored(
   // The all-reduces the planner weighed for the plan's workers: none
   // timed over more of them (SubCluster).
   apapo::v1::ClusterSpec measured = spec;
-  KeepAllReducesOfAtMost(
-      static_cast<int>(std::count(busy.begin(), busy.end(), true)), &measured);
+  std::vector<std::string> planned;
+  for (int i = 0; i < spec.workers_size(); ++i) {
+    if (busy[i]) planned.push_back(spec.workers(i).worker_id());
+  }
+  KeepAllReducesWithin(planned, &measured);
   SetMeasuredCosts(measured, &cluster);
   const double cpu_per_byte = cluster.transfer_cpu_seconds_per_byte;
   for (size_t s = 0; s < p.stages.size() && cpu_per_byte > 0; ++s) {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -226,6 +227,55 @@ TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotChar
   ASSERT_TRUE(four.ok()) << four.status();
   ASSERT_TRUE(four_unmeasured.ok()) << four_unmeasured.status();
   EXPECT_LT(*four, 0.5 * *four_unmeasured);
+}
+
+// The same two workers of one host, whose profile timed their all-reduce
+// among themselves too (AllReduceMeasurement.worker_ids): charged that,
+// 4x the ring over their link; the plan on all four is charged the
+// four-worker one alone.
+TEST(SimulatedTraceTest, AnAllReduceTimedInsideAHostIsChargedToReplicasThere) {
+  apapo::v1::GetPlanResponse r = TwoStages();
+  apapo::v1::Plan* plan = r.mutable_plan();
+  apapo::v1::Stage* st = DataParallelOnTwo(/*split_backward=*/false, &r);
+  r.mutable_profile()->mutable_nodes(0)->set_parameter_bytes(1e6);
+  TwoHostsOfTwo(1e6, 1e5, &r);
+  for (const auto& [from, to, bandwidth] :
+       {std::make_tuple("w-1", "w-2", 1e6), std::make_tuple("w-1", "w-3", 1e5)}) {
+    auto* link = r.mutable_cluster()->add_links();
+    link->set_from_worker(from);
+    link->set_to_worker(to);
+    link->set_bandwidth_bytes_per_second(bandwidth);
+  }
+  auto* all = r.mutable_cluster()->add_allreduces();
+  all->set_ranks(4);
+  all->set_bytes(1000000);
+  all->set_seconds(15.0);  // 1 MB over 4 ranks at 0.1 MB/s: the ring's time
+  absl::StatusOr<double> ring = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  // 1 MB over 2 ranks at 1 MB/s: 1 s as the ring has it, 4 s timed.
+  auto* host = r.mutable_cluster()->add_allreduces();
+  host->set_ranks(2);
+  host->set_bytes(1000000);
+  host->set_seconds(4.0);
+  host->add_worker_ids("w-1");
+  host->add_worker_ids("w-2");
+  absl::StatusOr<double> timed = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_LT(*timed, 0.5 * *ring);
+  // All four: the host's measurement is not theirs.
+  st->set_replicas(4);
+  plan->set_micro_batches(4);
+  for (int w = 2; w < 4; ++w) {
+    auto* p = st->add_placement();
+    p->set_worker_id("w-" + std::to_string(w + 1));
+    p->set_rank(w);
+  }
+  absl::StatusOr<double> four = SimulatedSamplesPerSecond(r);
+  r.mutable_cluster()->mutable_allreduces()->RemoveLast();
+  absl::StatusOr<double> four_without = SimulatedSamplesPerSecond(r);
+  ASSERT_TRUE(four.ok()) << four.status();
+  ASSERT_TRUE(four_without.ok()) << four_without.status();
+  EXPECT_DOUBLE_EQ(*four, *four_without);
 }
 
 // A data-parallel plan whose all-reduce runs in parts during the backward

@@ -161,6 +161,12 @@ class ClusterLabTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"network level 1: 2 worker\(s\) per group at ")
         self.assertRegex(r.stdout, r"network level 2: 2 group\(s\) at [\d.]+ MB/s")
+        # The all-reduce over all four, and each host's two among
+        # themselves (w-1 and w-3 on host 1, w-2 and w-4 on host 2).
+        self.assertRegex(r.stdout, r"all-reduce of [\d.]+ \w+ over 4 worker\(s\): ")
+        for pair in ("w-1, w-3", "w-2, w-4"):
+            self.assertRegex(r.stdout, r"all-reduce of [\d.]+ \w+ over 2 worker\(s\) "
+                             r"on one host \(" + pair + r"\): [\d.]+ ms")
 
     def test_a_shaped_link_is_no_faster_than_its_rate_after_a_quiet_spell(self):
         # tbf lets a full token bucket through at veth speed. The lab keeps

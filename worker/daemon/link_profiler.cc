@@ -9,8 +9,12 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -94,6 +98,12 @@ class LinkStore {
   void Set(const std::string& phase, int rank, const std::string& value) {
     store_->set(Key(phase, rank),
                 std::vector<uint8_t>(value.begin(), value.end()));
+  }
+
+  // What `rank` set for `phase`, which it has (Await).
+  std::string Get(const std::string& phase, int rank) {
+    const std::vector<uint8_t> value = store_->get(Key(phase, rank));
+    return std::string(value.begin(), value.end());
   }
 
   // Waits until every rank in `ranks` has set `phase`, polling the store
@@ -294,13 +304,13 @@ absl::StatusOr<Figures> Respond(Transport& t, int peer,
 }
 
 // Median wall and process CPU time of `timed` all-reduces of `bytes` of
-// float32 over group 0 (every rank), after `warmups` untimed ones.
+// float32 over `group` (0: every rank), after `warmups` untimed ones.
 struct AllReduceTimes {
   double seconds = 0;
   double cpu_seconds = 0;
 };
-absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int64_t bytes, int warmups,
-                                             int timed) {
+absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int group, int64_t bytes,
+                                             int warmups, int timed) {
   std::vector<at::Tensor> tensors = {
       torch::ones({std::max<int64_t>(1, bytes / 4)}, torch::kFloat)};
   std::vector<double> times, cpu_times;
@@ -308,7 +318,7 @@ absl::StatusOr<AllReduceTimes> TimeAllReduce(Transport& t, int64_t bytes, int wa
   for (int i = 0; i < warmups + std::max(1, timed); ++i) {
     const Clock::time_point start = Clock::now();
     const double cpu_start = ProcessCpuSeconds();
-    if (absl::Status s = t.AllReduceSum(0, tensors); !s.ok()) return s;
+    if (absl::Status s = t.AllReduceSum(group, tensors); !s.ok()) return s;
     const double cpu = ProcessCpuSeconds() - cpu_start;
     const double elapsed =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -339,8 +349,9 @@ struct ComputeLoss {
   double seconds_beside = 0;
   double seconds_after = 0;
 };
-absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
-                                                 double window, int timed) {
+absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int group,
+                                                 int64_t bytes, double window,
+                                                 int timed) {
   torch::NoGradGuard no_grad;
   const at::Tensor a = torch::rand({128, 128});
   const at::Tensor b = torch::rand({128, 128});
@@ -368,16 +379,16 @@ absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
   for (int i = 0; i < std::max(1, timed); ++i) {
     const auto [alone, alone_seconds] =
         products_until([&](double s) { return s >= window; });
-    if (absl::Status s = t.StartAllReduceSum(0, tensors); !s.ok()) return s;
+    if (absl::Status s = t.StartAllReduceSum(group, tensors); !s.ok()) return s;
     const auto [beside, during] = products_until(
-        [&](double s) { return t.AllReduceSumsDone(0) || s >= cap; });
-    if (auto sums = t.FinishAllReduceSums(0); !sums.ok()) return sums.status();
+        [&](double s) { return t.AllReduceSumsDone(group) || s >= cap; });
+    if (auto sums = t.FinishAllReduceSums(group); !sums.ok()) return sums.status();
     lost.push_back(std::max(0.0, during - beside * alone_seconds / alone));
     beside_seconds.push_back(during);
     products_until([&](double s) { return s >= window; });
     std::vector<at::Tensor> whole = tensors;
     const Clock::time_point start = Clock::now();
-    if (absl::Status s = t.AllReduceSum(0, whole); !s.ok()) return s;
+    if (absl::Status s = t.AllReduceSum(group, whole); !s.ok()) return s;
     after_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   return ComputeLoss{Median(lost), Median(beside_seconds), Median(after_seconds)};
@@ -385,43 +396,98 @@ absl::StatusOr<ComputeLoss> AllReduceComputeLoss(Transport& t, int64_t bytes,
 
 // The all-reduces of the link test (see the header): message_bytes, then
 // large_allreduce_bytes where every rank finds it fits the budget.
+apapo::v1::AllReduceMeasurement Measurement(int ranks, int64_t bytes,
+                                            const AllReduceTimes& times) {
+  apapo::v1::AllReduceMeasurement m;
+  m.set_ranks(ranks);
+  m.set_bytes(4 * std::max<int64_t>(1, bytes / 4));
+  m.set_seconds(times.seconds);
+  m.set_cpu_seconds(times.cpu_seconds);
+  return m;
+}
+
+// The all-reduce of message_bytes over `group` of `ranks` ranks, with what
+// it costs a replica computing beside it, three times (the loop alone
+// timed over 1.5 times its time, at least 10 ms). The ranks' medians
+// differ a little: every rank takes their mean, so all run as long; it is
+// written to `mean_seconds` when not null.
+absl::StatusOr<apapo::v1::AllReduceMeasurement> TimeAllReduceBesideCompute(
+    Transport& t, int group, int ranks, const LinkProfileOptions& o,
+    double* mean_seconds = nullptr) {
+  absl::StatusOr<AllReduceTimes> small =
+      TimeAllReduce(t, group, o.message_bytes, o.warmup_round_trips, o.round_trips);
+  if (!small.ok()) return small.status();
+  apapo::v1::AllReduceMeasurement m = Measurement(ranks, o.message_bytes, *small);
+  std::vector<at::Tensor> mean = {torch::full({1}, small->seconds, torch::kFloat)};
+  if (absl::Status s = t.AllReduceSum(group, mean); !s.ok()) return s;
+  const double mean_of_ranks = mean[0].item<double>() / ranks;
+  absl::StatusOr<ComputeLoss> lost = AllReduceComputeLoss(
+      t, group, o.message_bytes, std::max(0.01, 1.5 * mean_of_ranks), 3);
+  if (!lost.ok()) return lost.status();
+  m.set_compute_lost_seconds(lost->lost);
+  m.set_seconds_beside_compute(lost->seconds_beside);
+  m.set_seconds_after_compute(lost->seconds_after);
+  if (mean_seconds != nullptr) *mean_seconds = mean_of_ranks;
+  return m;
+}
+
 absl::StatusOr<std::vector<apapo::v1::AllReduceMeasurement>> TimeAllReduces(
     Transport& t, int world, const LinkProfileOptions& o) {
   std::vector<apapo::v1::AllReduceMeasurement> out;
-  auto add = [&](int64_t bytes, const AllReduceTimes& times) {
-    apapo::v1::AllReduceMeasurement& m = out.emplace_back();
-    m.set_ranks(world);
-    m.set_bytes(4 * std::max<int64_t>(1, bytes / 4));
-    m.set_seconds(times.seconds);
-    m.set_cpu_seconds(times.cpu_seconds);
-  };
-  absl::StatusOr<AllReduceTimes> small =
-      TimeAllReduce(t, o.message_bytes, o.warmup_round_trips, o.round_trips);
+  double mean_seconds = 0;
+  absl::StatusOr<apapo::v1::AllReduceMeasurement> small =
+      TimeAllReduceBesideCompute(t, 0, world, o, &mean_seconds);
   if (!small.ok()) return small.status();
-  add(o.message_bytes, *small);
-  // What it costs a replica computing beside it, three times (the loop
-  // alone timed over 1.5 times its time, at least 10 ms). The ranks'
-  // medians differ a little: every rank takes their mean, so all run as
-  // long.
-  std::vector<at::Tensor> mean = {torch::full({1}, small->seconds, torch::kFloat)};
-  if (absl::Status s = t.AllReduceSum(0, mean); !s.ok()) return s;
-  const double mean_seconds = mean[0].item<double>() / world;
-  absl::StatusOr<ComputeLoss> lost =
-      AllReduceComputeLoss(t, o.message_bytes, std::max(0.01, 1.5 * mean_seconds), 3);
-  if (!lost.ok()) return lost.status();
-  out.back().set_compute_lost_seconds(lost->lost);
-  out.back().set_seconds_beside_compute(lost->seconds_beside);
-  out.back().set_seconds_after_compute(lost->seconds_after);
+  out.push_back(*std::move(small));
   if (o.large_allreduce_bytes <= o.message_bytes) return out;
   const double scaled = mean_seconds *
                         static_cast<double>(o.large_allreduce_bytes) /
                         static_cast<double>(o.message_bytes);
   if (!(scaled <= o.large_allreduce_budget_seconds)) return out;
   absl::StatusOr<AllReduceTimes> large =
-      TimeAllReduce(t, o.large_allreduce_bytes, 1, o.round_trips);
+      TimeAllReduce(t, 0, o.large_allreduce_bytes, 1, o.round_trips);
   if (!large.ok()) return large.status();
-  add(o.large_allreduce_bytes, *large);
+  out.push_back(Measurement(world, o.large_allreduce_bytes, *large));
   return out;
+}
+
+// The ranks sharing a host address, for each host that some but not all
+// ranks share, in the order of their first rank: every rank computes the
+// same list from the same addresses.
+std::vector<std::vector<int>> HostGroups(const std::vector<std::string>& hosts) {
+  std::map<std::string, std::vector<int>> by_host;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) by_host[hosts[r]].push_back(r);
+  std::vector<std::vector<int>> groups;
+  for (auto& [host, ranks] : by_host) {
+    if (ranks.size() >= 2 && ranks.size() < hosts.size()) groups.push_back(ranks);
+  }
+  std::sort(groups.begin(), groups.end());
+  return groups;
+}
+
+// The all-reduce inside each host group (transport groups 1.., as
+// `host_groups`), one host at a time so that the hosts of an emulated
+// cluster do not share the CPUs while they time: the members time theirs
+// (TimeAllReduceBesideCompute), then every rank waits for them in a small
+// all-reduce over all. This rank's, naming its group's workers, or
+// nullopt where it shares its host with no one.
+absl::StatusOr<std::optional<apapo::v1::AllReduceMeasurement>> TimeHostAllReduces(
+    Transport& t, const ProfileCommand& command, int self,
+    const std::vector<std::vector<int>>& host_groups, const LinkProfileOptions& o) {
+  std::optional<apapo::v1::AllReduceMeasurement> mine;
+  for (size_t g = 0; g < host_groups.size(); ++g) {
+    const std::vector<int>& members = host_groups[g];
+    if (std::find(members.begin(), members.end(), self) != members.end()) {
+      absl::StatusOr<apapo::v1::AllReduceMeasurement> m = TimeAllReduceBesideCompute(
+          t, static_cast<int>(g) + 1, static_cast<int>(members.size()), o);
+      if (!m.ok()) return m.status();
+      for (int r : members) m->add_worker_ids(WorkerOf(command, r));
+      mine = *std::move(m);
+    }
+    std::vector<at::Tensor> done = {torch::zeros({1}, torch::kFloat)};
+    if (absl::Status s = t.AllReduceSum(0, done); !s.ok()) return s;
+  }
+  return mine;
 }
 
 absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
@@ -462,11 +528,17 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
         "link test: cannot reach the job's rendezvous store ", rv.store_host(),
         ":", rv.store_port(), ": ", Cause(e)));
   }
+  // Each rank's address, before it joins: the ranks sharing one time an
+  // all-reduce among themselves too.
+  store.Set("host", self, host);
   store.Set("joined", self, WorkerOf(command, self));
   if (absl::Status s = store.Await("joined", "join", others, timeout);
       !s.ok()) {
     return s;
   }
+  std::vector<std::string> hosts(world);
+  for (int r = 0; r < world; ++r) hosts[r] = r == self ? host : store.Get("host", r);
+  const std::vector<std::vector<int>> host_groups = HostGroups(hosts);
 
   GlooTransportOptions t;
   t.store_host = rv.store_host();
@@ -481,6 +553,8 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
   // One group of every rank, for the all-reduce after the pairs.
   t.groups.emplace_back();
   for (int r = 0; r < world; ++r) t.groups.back().push_back(r);
+  // Then one of the ranks on each host that some but not all share.
+  t.groups.insert(t.groups.end(), host_groups.begin(), host_groups.end());
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateGlooTransport(t);
   if (!transport.ok()) {
     return absl::Status(transport.status().code(),
@@ -521,6 +595,14 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
                         absl::StrCat("link test all-reduce: ",
                                      allreduces.status().message()));
   }
+  absl::StatusOr<std::optional<apapo::v1::AllReduceMeasurement>> on_host =
+      TimeHostAllReduces(**transport, command, self, host_groups, options);
+  if (!on_host.ok()) {
+    return absl::Status(on_host.status().code(),
+                        absl::StrCat("link test all-reduce on this host: ",
+                                     on_host.status().message()));
+  }
+  if (on_host->has_value()) allreduces->push_back(**std::move(on_host));
   if (allreduces_out != nullptr) *allreduces_out = *std::move(allreduces);
 
   store.Set("done", self, "");

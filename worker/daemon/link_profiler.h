@@ -112,8 +112,11 @@ double FitBurstFromRoundTrips(double probe_bytes, const std::vector<double>& pro
 // every other rank of command.rendezvous; returns one LinkMeasurement per
 // peer, from this worker (command.peers[rank], else "rank N") to the peer.
 // Then every rank takes part in the timed all-reduces over all of them, in
-// ascending bytes (message_bytes, then large_allreduce_bytes where timed),
-// which are written to `allreduces` when not null.
+// ascending bytes (message_bytes, then large_allreduce_bytes where timed);
+// then the ranks sharing this one's host address, where some but not all
+// do, time one of message_bytes among themselves, one host at a time (last,
+// its worker_ids naming them). They are written to `allreduces` when not
+// null.
 // A missing rendezvous or a world size <= 1 measures nothing (empty).
 absl::StatusOr<std::vector<apapo::v1::LinkMeasurement>> MeasureLinks(
     const apapo::v1::ProfileCommand& command,

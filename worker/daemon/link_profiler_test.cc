@@ -231,6 +231,40 @@ TEST(LinkProfilerTest, TheLargerAllReduceIsTimedWithinItsBudgetOnly) {
   }
 }
 
+// Ranks that share a host address time an all-reduce among themselves
+// too, one host at a time, naming their workers; a rank alone on its
+// address takes part in the others' waits only. 127.0.0.2 is loopback too
+// (Linux routes 127/8 to lo), a second "host" on this machine.
+TEST(LinkProfilerTest, RanksSharingAHostTimeAnAllReduceAmongThemselves) {
+  const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2", "127.0.0.1",
+                                          "127.0.0.2", "127.0.0.3"};
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out = RunRanks(
+      (*server)->port(), 5, {0, 1, 2, 3, 4}, absl::Seconds(60), [&](int rank) {
+        LinkProfileOptions o = Small(rank);
+        o.host = hosts[rank];
+        return o;
+      });
+  const std::vector<std::vector<std::string>> expected = {
+      {"w-a", "w-c"}, {"w-b", "w-d"}, {"w-a", "w-c"}, {"w-b", "w-d"}, {}};
+  for (int rank = 0; rank < 5; ++rank) {
+    SCOPED_TRACE(rank);
+    ASSERT_TRUE(out[rank].status.ok()) << out[rank].status;
+    const auto& a = out[rank].allreduces;
+    ASSERT_EQ(a.size(), expected[rank].empty() ? 1u : 2u);
+    EXPECT_EQ(a[0].ranks(), 5);
+    EXPECT_EQ(a[0].worker_ids_size(), 0);
+    if (expected[rank].empty()) continue;
+    EXPECT_EQ(a[1].ranks(), 2);
+    EXPECT_EQ(a[1].bytes(), 1 << 20);
+    EXPECT_THAT(a[1].worker_ids(), ::testing::ElementsAreArray(expected[rank]));
+    EXPECT_GT(a[1].seconds(), 0);
+    EXPECT_GT(a[1].seconds_after_compute(), 0);
+    EXPECT_GT(a[1].seconds_beside_compute(), 0);
+  }
+}
+
 TEST(LinkProfilerTest, SingleWorkerMeasuresNothing) {
   // No store at all: nothing is contacted.
   auto links = MeasureLinks(Command(1, 0, 1, absl::Seconds(1)));

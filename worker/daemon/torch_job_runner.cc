@@ -150,8 +150,17 @@ absl::StatusOr<apapo::v1::ProfileResult> TorchJobRunner::Profile(
   }
   if (!st.ok()) return st;
   for (auto& link : links) *result.add_links() = std::move(link);
-  if (!allreduces.empty()) *result.mutable_allreduce() = allreduces.front();
-  if (allreduces.size() > 1) *result.mutable_large_allreduce() = allreduces[1];
+  // Over every rank in ascending bytes, then the one on this host.
+  int over_all = 0;
+  for (apapo::v1::AllReduceMeasurement& a : allreduces) {
+    if (a.worker_ids_size() > 0) {
+      *result.mutable_host_allreduce() = std::move(a);
+    } else if (over_all++ == 0) {
+      *result.mutable_allreduce() = std::move(a);
+    } else {
+      *result.mutable_large_allreduce() = std::move(a);
+    }
+  }
   return result;
 }
 
