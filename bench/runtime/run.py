@@ -527,7 +527,8 @@ class Cluster:
                                   "cpu_seconds": a.cpu_seconds,
                                   "compute_lost_seconds": a.compute_lost_seconds,
                                   "seconds_beside_compute": a.seconds_beside_compute,
-                                  "seconds_after_compute": a.seconds_after_compute}
+                                  "seconds_after_compute": a.seconds_after_compute,
+                                  "worker_ids": list(a.worker_ids)}
                                  for a in plan.cluster.allreduces]
         except grpc.RpcError as e:
             res["plan"] = f"GetPlan failed: {e.code()}"
