@@ -87,6 +87,40 @@ class BenchGoalsTest(unittest.TestCase):
         self.assertIn("mlp 1gbit round 2: auto x unshaped auto 0.53 (goal 0.9), "
                       "x DDP 2.50 (goal 3)", out)
 
+    def test_auto_below_a_row_of_its_own_layout_is_told_apart(self):
+        # Unshaped: auto ran 1 x 2 on 2 micro-batches, as replicas2 did, at
+        # 0.96x it (two runs of one plan). 1 Gbit/s: auto on one worker at
+        # 0.99x one process. 100 Mbit/s: auto's 2 stages below replicas2's
+        # 1 x 2, and one process above both (a layout it rejected).
+        def plan(stages, replicas, m, kind="ASYNC"):
+            return (f"SCHEDULE_KIND_{kind}, {stages} stage(s) x {replicas} replica(s), "
+                    f"m={m}, predicted 1000 samples/s")
+        results = {
+            "args": {"links": "unshaped,1gbit,100mbit", "rows": "single,auto,replicas2"},
+            "rounds": {"cnn": [
+                {"single": peer(1000.0),
+                 "unshaped": {"auto": ours(1650.0, 1600.0, plan(1, [2], 2)),
+                              "replicas2": ours(1720.0, 1700.0,
+                                                plan(1, [2], 2, "DATA_PARALLEL"))},
+                 "1gbit": {"auto": ours(990.0, 1000.0, plan(1, [1], 1)),
+                           "replicas2": ours(700.0, 690.0, plan(1, [2], 2))},
+                 "100mbit": {"auto": ours(400.0, 410.0, plan(2, [1, 1], 1)),
+                             "replicas2": ours(500.0, 480.0, plan(1, [2], 2))}},
+            ]},
+        }
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.json")
+            with open(path, "w") as f:
+                json.dump(results, f)
+            r = self.summarize(path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(
+            "auto against the best other row of its round: 0 of 3 at or above it; below: "
+            "cnn unshaped round 1 0.96x replicas2 (same layout), "
+            "cnn 1gbit round 1 0.99x single (same layout), "
+            "cnn 100mbit round 1 0.40x single; 2 of those 3 ran the row's own layout "
+            "(two runs of one plan: this machine's noise, not a plan rejected)", r.stdout)
+
     def test_a_file_that_is_not_a_results_file_is_named(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "other.json")

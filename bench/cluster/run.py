@@ -60,7 +60,8 @@ inside host 1, and takes the lab down at the end, also on failure or
 SIGTERM (every process in the hosts is killed with them). Where namespaces
 are not allowed it prints why and exits 3. Results: results/<time>.json.
 After the table it prints the goals, round by round: `auto` against the
-best other row of its round (peers and ours forced), how many predictions
+best other row of its round (peers and ours forced; "same layout" where
+`auto` ran that row's stages, replicas and micro-batches), how many predictions
 were within 10% (raw, and on the run's own compute), and the mlp's `auto`
 at 1 Gbit/s and below against its unshaped `auto` (goal 0.9) and DDP
 (goal 3x). `--summarize=FILE` prints the table and the goals of a saved
@@ -261,13 +262,30 @@ def model_error(x):
     return None
 
 
+LAYOUT_RE = re.compile(r"(\d+) stage\(s\) x (\[[\d, ]*\]) replica\(s\), m=(\d+)")
+
+
+def layout(row, x):
+    """A row's stages, replicas per stage and micro-batches, from its plan;
+    one process is one stage of one replica. None where unknown."""
+    if row == "single":
+        return ("1", "[1]")
+    m = LAYOUT_RE.search(x.get("plan") or "")
+    if not m:
+        return None
+    return m.groups() if m.group(2) != "[1]" else m.groups()[:2]
+
+
 def goals(results, links, rows):
     """The goals above, measured per round (no medians: a round's rows ran
     minutes apart, rounds did not). `auto` against the best other row of
     its round, model and link: the peers (one process, DDP, Pipe) and ours
     forced (replicasN, async, stagesN, ...), since a plan the planner chose
     that runs slower than one it rejected is a cost-model bug; variants of
-    auto (auto_bf16, auto_m1) are other jobs, not alternatives."""
+    auto (auto_bf16, auto_m1) are other jobs, not alternatives. Where
+    `auto` ran the best row's own layout (its stages, replicas and
+    micro-batches; one worker against one process), a ratio below 1 is two
+    runs of one plan, not a plan rejected: `same_layout` says so."""
     out = {"auto_vs_best_other": [], "predictions": {"rows": 0, "within": 0, "misses": []},
            "model": {"rows": 0, "within": 0, "misses": []}, "mlp_slow_links": []}
     for model, rounds in results["rounds"].items():
@@ -298,9 +316,12 @@ def goals(results, links, rows):
                 others = {k: v for k, v in others.items() if v}
                 if others:
                     best = max(others, key=others.get)
+                    mine = layout("auto", cells.get("auto", {}))
+                    theirs = layout(best, cells.get(best, {}) if best != "single" else {})
                     out["auto_vs_best_other"].append(
                         {"model": model, "link": link, "round": i + 1, "best": best,
-                         "ratio": auto / others[best]})
+                         "ratio": auto / others[best],
+                         "same_layout": mine is not None and mine == theirs})
                 if model == "mlp" and link != "unshaped" and rate_bits(link) <= 1e9:
                     unshaped = r.get("unshaped", {}).get("auto", {}).get("samples_per_s")
                     ddp = cells.get("ddp", {}).get("samples_per_s")
@@ -317,12 +338,16 @@ def goals_text(g):
     vs = g["auto_vs_best_other"]
     if vs:
         below = [v for v in vs if v["ratio"] < 1]
+        same = [v for v in below if v.get("same_layout")]
         lines.append(
             f"  auto against the best other row of its round: {len(vs) - len(below)} of "
             f"{len(vs)} at or above it"
             + ("; below: " + ", ".join(
                 f"{v['model']} {v['link']} round {v['round']} {v['ratio']:.2f}x {v['best']}"
-                for v in below) if below else ""))
+                + (" (same layout)" if v.get("same_layout") else "")
+                for v in below) if below else "")
+            + (f"; {len(same)} of those {len(below)} ran the row's own layout (two runs of "
+               f"one plan: this machine's noise, not a plan rejected)" if same else ""))
     for key, label in (("predictions", "predictions within"),
                        ("model", "on the run's own compute (the plan check's simulation), "
                                  "within")):
