@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/fake_clock.h"
 #include "gmock/gmock.h"
@@ -175,8 +176,16 @@ class SchedulerTest : public ::testing::Test {
 
   void Profile(const std::string& worker, const std::string& job, double seconds,
                std::vector<apapo::v1::LinkMeasurement> links = {},
-               std::vector<apapo::v1::TransferCpuMeasurement> transfers = {}) {
+               std::vector<apapo::v1::TransferCpuMeasurement> transfers = {},
+               std::vector<std::string> host_allreduce_among = {}) {
     WorkerMessage m;
+    if (!host_allreduce_among.empty()) {
+      auto* a = m.mutable_profile_result()->mutable_host_allreduce();
+      a->set_ranks(static_cast<int>(host_allreduce_among.size()));
+      a->set_bytes(4 << 20);
+      a->set_seconds(0.01);
+      for (const auto& id : host_allreduce_among) a->add_worker_ids(id);
+    }
     for (auto& l : links) *m.mutable_profile_result()->add_links() = l;
     for (auto& t : transfers) *m.mutable_profile_result()->add_transfer_cpu() = t;
     m.mutable_profile_result()->set_job_id(job);
@@ -846,6 +855,29 @@ TEST_F(SchedulerTest, LinksFastWithinHostsAndSlowBetweenMakeTwoLevels) {
   std::vector<std::string> order;
   for (const auto& w : seen.workers()) order.push_back(w.worker_id());
   EXPECT_THAT(order, ::testing::ElementsAre("w-1", "w-3", "w-2", "w-4"));
+}
+
+// A worker's all-reduce inside its host reaches the planner only where it
+// names the worker itself among distinct workers the job holds, as many
+// as took part: a worker does not speak for others.
+TEST_F(SchedulerTest, AHostsAllReduceIsKeptOnlyWhereItNamesTheJobsWorkersAndItsOwn) {
+  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) AddWorker(w);
+  std::string id = Submit(4);
+  scheduler_.RunOnce();
+  CoordinatorMessage host = Next("w-1");
+  Ack("w-1", host.command_id(), 6000);
+  for (const char* w : {"w-2", "w-3", "w-4"}) EXPECT_TRUE(Next(w).has_profile());
+  Profile("w-1", id, 1.0, {}, {}, {"w-1", "w-3"});   // kept
+  Profile("w-2", id, 1.0, {}, {}, {"w-2", "w-9"});   // w-9: not the job's
+  Profile("w-3", id, 1.0, {}, {}, {"w-1", "w-4"});   // not w-3's own
+  Profile("w-4", id, 1.0, {}, {}, {"w-4", "w-4"});   // the same twice
+  scheduler_.RunOnce();
+  ASSERT_EQ(jobs_.Get(id)->state(), apapo::v1::JOB_STATE_PLANNING);
+  std::vector<std::string> kept;
+  for (const auto& a : planner_.seen_cluster.allreduces()) {
+    kept.push_back(absl::StrJoin(a.worker_ids(), ","));
+  }
+  EXPECT_THAT(kept, ::testing::ElementsAre("w-1,w-3"));
 }
 
 TEST_F(SchedulerTest, SingleWorkerJobSkipsTheLinkTest) {
