@@ -100,8 +100,10 @@ class LinkStore {
                 std::vector<uint8_t>(value.begin(), value.end()));
   }
 
-  // What `rank` set for `phase`, which it has (Await).
-  std::string Get(const std::string& phase, int rank) {
+  // What `rank` set for `phase`, or nullopt where it has not (a get would
+  // wait for it).
+  std::optional<std::string> Get(const std::string& phase, int rank) {
+    if (!store_->check({Key(phase, rank)})) return std::nullopt;
     const std::vector<uint8_t> value = store_->get(Key(phase, rank));
     return std::string(value.begin(), value.end());
   }
@@ -536,9 +538,19 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
       !s.ok()) {
     return s;
   }
+  // A rank that joined without its address is a daemon of an earlier
+  // version, which times no host's all-reduce (nor waits for them): then
+  // none is timed. Every rank set its address before it joined, so every
+  // rank decides alike.
   std::vector<std::string> hosts(world);
-  for (int r = 0; r < world; ++r) hosts[r] = r == self ? host : store.Get("host", r);
-  const std::vector<std::vector<int>> host_groups = HostGroups(hosts);
+  bool every_address = true;
+  for (int r = 0; r < world && every_address; ++r) {
+    std::optional<std::string> h = r == self ? host : store.Get("host", r);
+    every_address = h.has_value();
+    if (h.has_value()) hosts[r] = *std::move(h);
+  }
+  const std::vector<std::vector<int>> host_groups =
+      every_address ? HostGroups(hosts) : std::vector<std::vector<int>>();
 
   GlooTransportOptions t;
   t.store_host = rv.store_host();
