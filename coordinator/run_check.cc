@@ -95,6 +95,10 @@ std::optional<RunCheck> CheckRun(
         allreduce.push_back(exposed / n / st.allreduce_seconds());
       }
     }
+    if (st.replicas() > 1 && st.allreduce_seconds() > 0) {
+      std::vector<std::string>& group = check.allreduce_groups.emplace_back();
+      for (const auto& p : st.placement()) group.push_back(p.worker_id());
+    }
   }
   if (steps <= 0 || !(slowest > 0)) return std::nullopt;
   check.steps = steps;
@@ -117,6 +121,27 @@ std::map<std::string, apapo::v1::ProfileResult> CalibratedProfiles(
     return it == check.compute_factor.end() ? 1.0 : it->second;
   };
   const double reference = factor(reference_worker);
+  // Whether `group` all-reduced inside the workers `a` names.
+  const auto holds = [](const apapo::v1::AllReduceMeasurement& a,
+                        const std::vector<std::string>& group) {
+    return a.worker_ids_size() > 0 &&
+           std::all_of(group.begin(), group.end(), [&](const std::string& w) {
+             return std::find(a.worker_ids().begin(), a.worker_ids().end(), w) !=
+                    a.worker_ids().end();
+           });
+  };
+  // A host's measurement where a stage stayed inside it; those over every
+  // worker where a stage crossed hosts, or no stage is named.
+  const auto inside = [&](const apapo::v1::AllReduceMeasurement& a) {
+    return std::any_of(check.allreduce_groups.begin(), check.allreduce_groups.end(),
+                       [&](const auto& group) { return holds(a, group); });
+  };
+  bool across = check.allreduce_groups.empty();
+  for (const auto& group : check.allreduce_groups) {
+    across |= std::none_of(profiles.begin(), profiles.end(), [&](const auto& p) {
+      return p.second.has_host_allreduce() && holds(p.second.host_allreduce(), group);
+    });
+  }
   std::map<std::string, apapo::v1::ProfileResult> out;
   for (const auto& [w, r] : profiles) {
     apapo::v1::ProfileResult c = r;
@@ -129,12 +154,12 @@ std::map<std::string, apapo::v1::ProfileResult> CalibratedProfiles(
     if (check.allreduce_factor.has_value()) {
       const double g = *check.allreduce_factor;
       // Its time beside the compute with it: the pace beside compute
-      // against alone (the window factor) stays as measured. The one inside
-      // a host (host_allreduce) stays too: the run's all-reduces may have
-      // crossed hosts, and the factor says nothing of one that did not.
+      // against alone (the window factor) stays as measured.
       for (apapo::v1::AllReduceMeasurement* a :
-           {c.has_allreduce() ? c.mutable_allreduce() : nullptr,
-            c.has_large_allreduce() ? c.mutable_large_allreduce() : nullptr}) {
+           {c.has_allreduce() && across ? c.mutable_allreduce() : nullptr,
+            c.has_large_allreduce() && across ? c.mutable_large_allreduce() : nullptr,
+            c.has_host_allreduce() && inside(c.host_allreduce()) ? c.mutable_host_allreduce()
+                                                                 : nullptr}) {
         if (a == nullptr) continue;
         a->set_seconds(a->seconds() * g);
         a->set_seconds_beside_compute(a->seconds_beside_compute() * g);

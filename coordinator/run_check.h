@@ -24,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "proto/apapo/v1/metrics.pb.h"
 #include "proto/apapo/v1/plan.pb.h"
@@ -54,6 +55,9 @@ struct RunCheck {
   // Measured exposed communication per step over the predicted all-reduce
   // on replicated stages (their median); unset when no stage has replicas.
   std::optional<double> allreduce_factor;
+  // The workers of each replicated stage that gave it: whose all-reduce
+  // it measured (CalibratedProfiles scales the timings of that span).
+  std::vector<std::vector<std::string>> allreduce_groups;
 
   // predicted / measured - 1.
   double Error() const;
@@ -74,7 +78,11 @@ std::optional<RunCheck> CheckRun(
     const std::map<std::string, apapo::v1::MetricsReport>& last);
 
 // The profiles as the run measured them: each worker's compute times
-// scaled by its factor, every all-reduce timing by the job's. A worker
+// scaled by its factor, the all-reduce timings of the span the run's
+// replicas all-reduced over by the job's: a host's own
+// (ProfileResult.host_allreduce) where a replicated stage stayed inside
+// the workers it names, those over every worker where one did not (and
+// where the check names no stage). A worker
 // whose relative_speed is set (profiles of an adopted job share one model
 // profile) gets it rescaled against the reference worker's factor, so
 // that speeds stay relative to the reference profile.

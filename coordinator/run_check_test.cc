@@ -1,5 +1,6 @@
 #include "coordinator/run_check.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace apapo::coordinator {
@@ -96,6 +97,8 @@ TEST(RunCheckTest, ReplicasMeasureTheAllReduceBoundedFactors) {
   std::optional<RunCheck> check = CheckRun(DataParallel(), 100, first, last);
   ASSERT_TRUE(check.has_value());
   EXPECT_NEAR(*check->allreduce_factor, 2.5, 1e-9);
+  EXPECT_THAT(check->allreduce_groups,
+              ::testing::ElementsAre(::testing::ElementsAre("w-1", "w-2")));
   EXPECT_NEAR(check->measured_samples_per_second, 100 / 0.6, 1e-9);
   // An all-reduce 30x its prediction is taken as kMaxCalibration.
   last["w-1"] = Report(30, 9.0, 0, 62.0);
@@ -153,6 +156,42 @@ TEST(RunCheckTest, CalibratedProfilesScaleComputeAndAllReduce) {
   // reference, whose profile doubled, doubles.
   EXPECT_NEAR(out["w-3"].profile().nodes(0).forward_seconds(), 0.1, 1e-12);
   EXPECT_NEAR(out["w-3"].resources().relative_speed(), 1.0, 1e-12);
+}
+
+// Two hosts of two workers, each host's all-reduce timed among its own
+// (w-1 and w-2; w-3 and w-4) besides the one over all four: the run's
+// factor scales the span its replicas all-reduced over, no other.
+TEST(RunCheckTest, TheAllReduceFactorScalesTheSpanTheReplicasRanOver) {
+  std::map<std::string, apapo::v1::ProfileResult> profiles;
+  for (const std::string w : {"w-1", "w-2", "w-3", "w-4"}) {
+    apapo::v1::ProfileResult& r = profiles[w];
+    r.mutable_profile()->add_nodes()->set_id("fc1");
+    r.mutable_allreduce()->set_seconds(0.1);
+    r.mutable_host_allreduce()->set_seconds(0.01);
+    for (const std::string other : {"w-1", "w-2", "w-3", "w-4"}) {
+      if ((other < "w-3") == (w < "w-3")) r.mutable_host_allreduce()->add_worker_ids(other);
+    }
+  }
+  RunCheck check;
+  check.allreduce_factor = 2.0;
+  // Replicas on w-1 and w-2: their host's figure doubles, no other.
+  check.allreduce_groups = {{"w-1", "w-2"}};
+  auto out = CalibratedProfiles(profiles, check, "w-1");
+  EXPECT_NEAR(out["w-1"].host_allreduce().seconds(), 0.02, 1e-12);
+  EXPECT_NEAR(out["w-2"].host_allreduce().seconds(), 0.02, 1e-12);
+  EXPECT_NEAR(out["w-3"].host_allreduce().seconds(), 0.01, 1e-12);
+  EXPECT_NEAR(out["w-1"].allreduce().seconds(), 0.1, 1e-12);
+  // Replicas across the hosts: the four-worker figure doubles.
+  check.allreduce_groups = {{"w-1", "w-3"}};
+  out = CalibratedProfiles(profiles, check, "w-1");
+  EXPECT_NEAR(out["w-1"].allreduce().seconds(), 0.2, 1e-12);
+  EXPECT_NEAR(out["w-4"].allreduce().seconds(), 0.2, 1e-12);
+  EXPECT_NEAR(out["w-1"].host_allreduce().seconds(), 0.01, 1e-12);
+  // No stage named (an older check): the four-worker figure, as before.
+  check.allreduce_groups.clear();
+  out = CalibratedProfiles(profiles, check, "w-1");
+  EXPECT_NEAR(out["w-2"].allreduce().seconds(), 0.2, 1e-12);
+  EXPECT_NEAR(out["w-2"].host_allreduce().seconds(), 0.01, 1e-12);
 }
 
 TEST(RunCheckTest, ShapeIsStagesReplicasPlacementAndSchedule) {
