@@ -174,6 +174,18 @@ class SchedulerTest : public ::testing::Test {
     return {p0, p1};
   }
 
+  // A job on w-1..w-4, registered now, to where each has its profile
+  // command (w-1 hosting the store on port 6000). Returns its id.
+  std::string ProfileFour() {
+    for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) AddWorker(w);
+    std::string id = Submit(4);
+    scheduler_.RunOnce();
+    CoordinatorMessage host = Next("w-1");
+    Ack("w-1", host.command_id(), 6000);
+    for (const char* w : {"w-2", "w-3", "w-4"}) EXPECT_TRUE(Next(w).has_profile());
+    return id;
+  }
+
   void Profile(const std::string& worker, const std::string& job, double seconds,
                std::vector<apapo::v1::LinkMeasurement> links = {},
                std::vector<apapo::v1::TransferCpuMeasurement> transfers = {},
@@ -826,12 +838,7 @@ TEST_F(SchedulerTest, AWorkersTransferCpuFiguresAreCapped) {
 
 TEST_F(SchedulerTest, LinksFastWithinHostsAndSlowBetweenMakeTwoLevels) {
   // w-1 and w-3 share a host, as do w-2 and w-4.
-  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) AddWorker(w);
-  std::string id = Submit(4);
-  scheduler_.RunOnce();
-  CoordinatorMessage host = Next("w-1");
-  Ack("w-1", host.command_id(), 6000);
-  for (const char* w : {"w-2", "w-3", "w-4"}) EXPECT_TRUE(Next(w).has_profile());
+  const std::string id = ProfileFour();
   auto links_of = [](const std::string& me) {
     std::vector<apapo::v1::LinkMeasurement> links;
     for (const char* other : {"w-1", "w-2", "w-3", "w-4"}) {
@@ -861,12 +868,7 @@ TEST_F(SchedulerTest, LinksFastWithinHostsAndSlowBetweenMakeTwoLevels) {
 // names the worker itself among distinct workers the job holds, as many
 // as took part: a worker does not speak for others.
 TEST_F(SchedulerTest, AHostsAllReduceIsKeptOnlyWhereItNamesTheJobsWorkersAndItsOwn) {
-  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) AddWorker(w);
-  std::string id = Submit(4);
-  scheduler_.RunOnce();
-  CoordinatorMessage host = Next("w-1");
-  Ack("w-1", host.command_id(), 6000);
-  for (const char* w : {"w-2", "w-3", "w-4"}) EXPECT_TRUE(Next(w).has_profile());
+  const std::string id = ProfileFour();
   Profile("w-1", id, 1.0, {}, {}, {"w-1", "w-3"});   // kept
   Profile("w-2", id, 1.0, {}, {}, {"w-2", "w-9"});   // w-9: not the job's
   Profile("w-3", id, 1.0, {}, {}, {"w-1", "w-4"});   // not w-3's own

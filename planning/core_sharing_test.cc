@@ -184,6 +184,15 @@ TEST(CoreSharingTest, ASubClusterKeepsNoAllReduceTimedOverMoreWorkers) {
   EXPECT_EQ(SubCluster(pairs, {0, 1}).allreduces_size(), 1);
 }
 
+// A job of one stage on two replicas, mini-batches of 128.
+apapo::v1::JobSpec OneStageOfTwoReplicas() {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(1);
+  spec.mutable_schedule()->set_replicas(2);
+  return spec;
+}
+
 // Each host's two workers timed their all-reduce among themselves too
 // (ProfileResult.host_allreduce), 3x the ring over their 1 GB/s link: 4
 // MiB each way, 12.6 ms.
@@ -222,10 +231,7 @@ TEST(CoreSharingTest, ASubClusterKeepsTheAllReducesTimedAmongItsWorkers) {
 // Two workers of one host that timed their own all-reduce are charged it:
 // 3x the ring over their link, where without it the ring itself was.
 TEST(CoreSharingTest, TwoWorkersOfOneHostAreChargedTheAllReduceTheyTimed) {
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_stages(1);
-  spec.mutable_schedule()->set_replicas(2);
+  const apapo::v1::JobSpec spec = OneStageOfTwoReplicas();
   const apapo::v1::ModelProfile profile = test_profiles::Chain("chain", 0.02, 0);
   PartitionerPlanner planner;
   auto plan = planner.MakePlan(spec, profile, TwoByTwoWithHostAllReduces());
@@ -245,10 +251,7 @@ TEST(CoreSharingTest, TwoWorkersOfOneHostAreChargedTheAllReduceTheyTimed) {
 // link, not at the four-worker all-reduce's slow rate, and the plan says
 // why.
 TEST(CoreSharingTest, TwoWorkersOfOneHostAreNotChargedTheFourWorkerAllReduce) {
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_stages(1);
-  spec.mutable_schedule()->set_replicas(2);
+  const apapo::v1::JobSpec spec = OneStageOfTwoReplicas();
   const apapo::v1::ModelProfile profile = test_profiles::Chain("chain", 0.02, 0);
   PartitionerPlanner planner;
   auto plan = planner.MakePlan(spec, profile, TwoByTwoWithAllReduce());

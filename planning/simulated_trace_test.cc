@@ -74,6 +74,18 @@ apapo::v1::Stage* DataParallelOnTwo(bool split_backward, apapo::v1::GetPlanRespo
   return st;
 }
 
+// Makes DataParallelOnTwo's stage replicated on all four workers of
+// TwoHostsOfTwo, one micro-batch each.
+void OnAllFour(apapo::v1::Stage* st, apapo::v1::Plan* plan) {
+  st->set_replicas(4);
+  plan->set_micro_batches(4);
+  for (int w = 2; w < 4; ++w) {
+    auto* p = st->add_placement();
+    p->set_worker_id("w-" + std::to_string(w + 1));
+    p->set_rank(w);
+  }
+}
+
 TEST(SimulatedTraceTest, OneTracePerStageReplicaFromZeroPerMicroBatch) {
   auto traces = SimulatedTrace(TwoStages(), 3);
   ASSERT_TRUE(traces.ok()) << traces.status();
@@ -214,13 +226,7 @@ TEST(SimulatedTraceTest, AnAllReduceTimedOverMoreWorkersThanThePlanUsesIsNotChar
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_DOUBLE_EQ(*two, *unmeasured);
   // With the plan on all four the measurement stands.
-  st->set_replicas(4);
-  plan->set_micro_batches(4);
-  for (int w = 2; w < 4; ++w) {
-    auto* p = st->add_placement();
-    p->set_worker_id("w-" + std::to_string(w + 1));
-    p->set_rank(w);
-  }
+  OnAllFour(st, plan);
   absl::StatusOr<double> four = SimulatedSamplesPerSecond(r);
   r.mutable_cluster()->clear_allreduces();
   absl::StatusOr<double> four_unmeasured = SimulatedSamplesPerSecond(r);
@@ -263,13 +269,7 @@ TEST(SimulatedTraceTest, AnAllReduceTimedInsideAHostIsChargedToReplicasThere) {
   ASSERT_TRUE(timed.ok()) << timed.status();
   EXPECT_LT(*timed, 0.5 * *ring);
   // All four: the host's measurement is not theirs.
-  st->set_replicas(4);
-  plan->set_micro_batches(4);
-  for (int w = 2; w < 4; ++w) {
-    auto* p = st->add_placement();
-    p->set_worker_id("w-" + std::to_string(w + 1));
-    p->set_rank(w);
-  }
+  OnAllFour(st, plan);
   absl::StatusOr<double> four = SimulatedSamplesPerSecond(r);
   r.mutable_cluster()->mutable_allreduces()->RemoveLast();
   absl::StatusOr<double> four_without = SimulatedSamplesPerSecond(r);

@@ -58,12 +58,16 @@ class BenchGoalsTest(unittest.TestCase):
         return subprocess.run([sys.executable, BENCH, f"--summarize={path}"],
                               capture_output=True, text=True, timeout=120)
 
-    def test_goals_are_measured_per_round(self):
+    def summarize_results(self, results):
+        """--summarize on `results` written to a results file."""
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "results.json")
             with open(path, "w") as f:
-                json.dump(RESULTS, f)
-            r = self.summarize(path)
+                json.dump(results, f)
+            return self.summarize(path)
+
+    def test_goals_are_measured_per_round(self):
+        r = self.summarize_results(RESULTS)
         self.assertEqual(r.returncode, 0, r.stderr)
         out = r.stdout
         # The table: medians over the rounds.
@@ -108,11 +112,7 @@ class BenchGoalsTest(unittest.TestCase):
                              "replicas2": ours(500.0, 480.0, plan(1, [2], 2))}},
             ]},
         }
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "results.json")
-            with open(path, "w") as f:
-                json.dump(results, f)
-            r = self.summarize(path)
+        r = self.summarize_results(results)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(
             "auto against the best other row of its round: 0 of 3 at or above it; below: "
