@@ -95,6 +95,9 @@ struct Calibration {
   // update_prediction_seconds), median of the passes' differences; 0 when
   // not timed.
   double update_prediction_seconds = 0;
+  // Whether it was timed (a difference within the noise reads 0: under
+  // load the 22 MB mlp's extra pass over its weights did).
+  bool prediction_timed = false;
   // (rows, forward + backward per row at `rows` over that at the
   // calibration's own rows), each at its fastest pass, ascending rows.
   std::vector<std::pair<int64_t, double>> row_costs;
@@ -360,6 +363,7 @@ absl::StatusOr<Calibration> CalibrateWholeStep(
   };
   Calibration cal{median(steps), median(updates)};
   cal.update_prediction_seconds = std::max(0.0, median(prediction_extras));
+  cal.prediction_timed = !prediction_extras.empty();
   // Each size's fastest pass, as the nodes keep theirs (a disturbance only
   // slows a pass: medians of the per-pass ratios put the mlp's 64 rows at
   // 0.86x and 1.14x in two profiles a minute apart). Bounded as the node
@@ -707,7 +711,7 @@ absl::StatusOr<apapo::v1::ProfileResult> ProfileOrThrow(
       "which the optimizer update %.4g s%s); gradients add at %.3g GB/s%s%s",
       micro, batch / micro, iterations, factor, cal->step_seconds,
       cal->update_seconds,
-      profile->update_prediction_seconds() > 0
+      cal->prediction_timed && total_params > 0
           ? absl::StrFormat(", %.4g s more predicting the weights",
                             profile->update_prediction_seconds())
           : "",

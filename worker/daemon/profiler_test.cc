@@ -256,8 +256,10 @@ TEST(ProfileJobTest, TimesTheUpdateOfAStageThatPredictsItsWeights) {
   ASSERT_TRUE(result.ok()) << result.status();
   const apapo::v1::ModelProfile& p = result->profile();
   std::printf("%s\n", p.source().c_str());
-  // 22 MB of weights: the prediction's pass over them is milliseconds.
-  EXPECT_GT(p.update_prediction_seconds(), 0);
+  // 22 MB of weights: the prediction's pass over them is milliseconds,
+  // but a difference of two timings; under load it has read 0 (no timing
+  // is asserted here: bench/ holds those).
+  EXPECT_GE(p.update_prediction_seconds(), 0);
   EXPECT_LE(p.update_prediction_seconds(), 2 * p.update_seconds());
   EXPECT_THAT(p.source(), ::testing::HasSubstr("s more predicting the weights"));
 
