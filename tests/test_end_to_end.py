@@ -404,14 +404,19 @@ class ReplanOnMeasurementTest(unittest.TestCase):
             def checks_until(n):
                 """The job's check events (WatchJob replays its events from
                 the first) once there are n, or the job ended."""
-                seen = []
+                seen, events = [], []
 
                 def checked(m):
-                    if m.HasField("event") and m.event.message.startswith(
-                            "plan checked against the run"):
-                        seen.append(m.event.message)
+                    if m.HasField("event"):
+                        events.append(m.event.message)
+                        if m.event.message.startswith("plan checked against the run"):
+                            seen.append(m.event.message)
                     return len(seen) >= n or m.job.state in ENDED
-                c.watch_until(job_id, checked, timeout=300)
+                job = c.watch_until(job_id, checked, timeout=300)
+                # Said, not an IndexError below (CI once ended without one).
+                self.assertGreaterEqual(
+                    len(seen), min(n, 1),
+                    f"no plan check before the job ended: {job.state}, events: {events}")
                 return seen
             checks = checks_until(1)
             plan = c.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30).plan
