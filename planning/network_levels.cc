@@ -291,7 +291,9 @@ std::vector<std::pair<double, double>> AllReduceFactors(
 
 std::vector<std::vector<std::pair<double, double>>> AllReduceFactorsByLevel(
     const apapo::v1::ClusterSpec& spec, double cpu_seconds_per_byte) {
-  const std::vector<partitioner::Level> levels = ClusterLevels(spec);
+  partitioner::Cluster hierarchy;
+  hierarchy.levels = ClusterLevels(spec);
+  const std::vector<partitioner::Level>& levels = hierarchy.levels;
   std::map<std::string, int> index;
   for (int i = 0; i < spec.workers_size(); ++i) index[spec.workers(i).worker_id()] = i;
   std::vector<std::map<int64_t, std::vector<double>>> ratios(levels.size());
@@ -306,17 +308,7 @@ std::vector<std::vector<std::pair<double, double>>> AllReduceFactorsByLevel(
     if (workers.size() != named.size() || workers.size() < 2) continue;
     // The level its workers span, if inside the outermost: the outermost's
     // all-reduces are those over every worker.
-    int level = 0;
-    int64_t group = levels[0].fanout;
-    const auto same_group = [&] {
-      for (int w : workers) {
-        if (w / group != workers[0] / group) return false;
-      }
-      return true;
-    };
-    while (!same_group() && level + 1 < static_cast<int>(levels.size())) {
-      group *= levels[++level].fanout;
-    }
+    const int level = partitioner::SpanLevel(hierarchy, workers);
     if (level + 1 >= static_cast<int>(levels.size())) continue;
     const double measured = SlowestLink(spec, named);
     AddRatio(a, measured > 0 ? measured : levels[level].bandwidth, cpu_seconds_per_byte,
@@ -362,7 +354,8 @@ double AllReduceWindowFactor(const apapo::v1::ClusterSpec& spec) {
   std::vector<double> factors;
   for (const auto& a : spec.allreduces()) {
     const double beside = a.seconds_beside_compute();
-    if (a.ranks() < 2 || !OverEveryWorker(a, spec) || !(beside > 0) || !std::isfinite(beside) || !(a.seconds() > 0) ||
+    if (a.ranks() < 2 || !OverEveryWorker(a, spec) || !(beside > 0) ||
+        !std::isfinite(beside) || !(a.seconds() > 0) ||
         !std::isfinite(a.seconds()) || !(a.compute_lost_seconds() >= 0) ||
         !std::isfinite(a.compute_lost_seconds())) {
       continue;
