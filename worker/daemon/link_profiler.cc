@@ -532,7 +532,7 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
   }
   // Each rank's address, before it joins: the ranks sharing one time an
   // all-reduce among themselves too.
-  store.Set("host", self, host);
+  if (options.publish_host) store.Set("host", self, host);
   store.Set("joined", self, WorkerOf(command, self));
   if (absl::Status s = store.Await("joined", "join", others, timeout);
       !s.ok()) {
@@ -545,7 +545,7 @@ absl::StatusOr<std::vector<LinkMeasurement>> MeasureOrThrow(
   std::vector<std::string> hosts(world);
   bool every_address = true;
   for (int r = 0; r < world && every_address; ++r) {
-    std::optional<std::string> h = r == self ? host : store.Get("host", r);
+    std::optional<std::string> h = store.Get("host", r);
     every_address = h.has_value();
     if (h.has_value()) hosts[r] = *std::move(h);
   }

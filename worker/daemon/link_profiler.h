@@ -87,6 +87,10 @@ struct LinkProfileOptions {
   int64_t burst_probe_bytes = int64_t{1} << 20;
   // Notified to abandon the test (the job was stopped); may be null.
   const absl::Notification* stop = nullptr;
+  // Join as a daemon of the version before host all-reduces did: without
+  // publishing `host`, so that no rank times any host's all-reduce. For
+  // tests of a job whose daemons run mixed versions.
+  bool publish_host = true;
 };
 
 // A token bucket's burst from ping-pong round trips of two sizes, each

@@ -265,6 +265,32 @@ TEST(LinkProfilerTest, RanksSharingAHostTimeAnAllReduceAmongThemselves) {
   }
 }
 
+// A job whose daemons run mixed versions: rank 3 joins as a daemon of
+// the version before host all-reduces did (it publishes no address and
+// waits for no host). Every rank then times the all-reduce over all of
+// them and none a host's, and none waits for another that never comes.
+TEST(LinkProfilerTest, ARankWithoutItsAddressMeansNoHostIsTimed) {
+  const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2", "127.0.0.1",
+                                          "127.0.0.2"};
+  auto server = StartStoreServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<Outcome> out = RunRanks(
+      (*server)->port(), 4, {0, 1, 2, 3}, absl::Seconds(60), [&](int rank) {
+        LinkProfileOptions o = Small(rank);
+        o.host = hosts[rank];
+        o.publish_host = rank != 3;
+        return o;
+      });
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(rank);
+    ASSERT_TRUE(out[rank].status.ok()) << out[rank].status;
+    EXPECT_EQ(out[rank].links.size(), 3u);
+    ASSERT_EQ(out[rank].allreduces.size(), 1u);
+    EXPECT_EQ(out[rank].allreduces[0].ranks(), 4);
+    EXPECT_EQ(out[rank].allreduces[0].worker_ids_size(), 0);
+  }
+}
+
 TEST(LinkProfilerTest, SingleWorkerMeasuresNothing) {
   // No store at all: nothing is contacted.
   auto links = MeasureLinks(Command(1, 0, 1, absl::Seconds(1)));
