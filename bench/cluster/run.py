@@ -445,6 +445,9 @@ def inner(a):
     except text_format.ParseError as e:
         sys.exit(f"--schedule: {e}")
     rt.SCHEDULE_EXTRA = a.schedule
+    if a.save_plans:
+        os.makedirs(a.save_plans, exist_ok=True)
+        rt.SAVE_PLANS = os.path.abspath(a.save_plans)
     if a.seed is not None:
         if a.seed < 0:
             sys.exit(f"--seed: {a.seed} is negative")
@@ -624,6 +627,10 @@ def main():
                     help="ScheduleSpec fields in text format set in every job of ours, "
                          "e.g. \"max_staleness: 1\"")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--save_plans", default="", metavar="DIR",
+                    help="write what each job of ours was planned on to DIR/JOB-TIME."
+                         "{spec,profile,cluster}.pb and its plan to DIR/JOB-TIME.plan.pb "
+                         "(binary protos), to plan again with bazel-bin/planning/apapo-replan")
     ap.add_argument("--keep_workdir", action="store_true",
                     help="keep the run's folder (logs, checkpoints) instead of removing it")
     ap.add_argument("--summarize", default="", metavar="RESULTS_JSON",

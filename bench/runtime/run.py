@@ -67,6 +67,8 @@ BASE_SUFFIX = "_base"
 SCHEDULE_EXTRA = ""
 # The spec's seed in every row (bench/cluster's --seed); None: the spec's.
 SEED = None
+# A folder to write each job's GetPlanResponse in (--save_plans); "": none.
+SAVE_PLANS = ""
 # "<row>_bf16": <row> with activations and gradients sent in bfloat16;
 # "<row>_sN" (after _bf16 if both): <row> with schedule.max_staleness N;
 # "<row>_mN": with schedule.micro_batches N (e.g. auto_m1: the planner's
@@ -484,6 +486,16 @@ class Cluster:
         try:
             plan = self.jobs.GetPlan(service_pb2.GetPlanRequest(job_id=job_id), timeout=30)
             p = plan.plan
+            if SAVE_PLANS:
+                # What the plan was made on, to plan again offline
+                # (bazel-bin/planning/apapo-replan): the spec, the measured
+                # profile and cluster; and the plan.
+                base = os.path.join(SAVE_PLANS, f"{job_id}-{int(t)}")
+                res["saved_plan"] = base
+                for suffix, message in (("spec", job.spec), ("profile", plan.profile),
+                                        ("cluster", plan.cluster), ("plan", p)):
+                    with open(f"{base}.{suffix}.pb", "wb") as f:
+                        f.write(message.SerializeToString())
             res["plan"] = (f"{plan_pb2.ScheduleKind.Name(p.schedule)}, "
                            f"{len(p.stages)} stage(s) x "
                            f"{[s.replicas for s in p.stages]} replica(s), "
