@@ -1,7 +1,7 @@
 #include "cli/spec_file.h"
 
 #include <fstream>
-#include <sstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +27,13 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string message_;
 };
 
+// The bytes of the file `path`; NOT_FOUND where it cannot be read.
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
 
 absl::StatusOr<apapo::v1::JobSpec> ParseJobSpec(const std::string& path,
@@ -44,24 +51,41 @@ absl::StatusOr<apapo::v1::JobSpec> ParseJobSpec(const std::string& path,
     }
     return spec;
   }
-  google::protobuf::TextFormat::Parser parser;
-  FirstError errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text, &spec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ":", errors.line_, ":", errors.column_, ": ", errors.message_));
-  }
+  if (absl::Status s = ParseTextMessage(path, text, &spec); !s.ok()) return s;
   return spec;
 }
 
+absl::Status ParseTextMessage(const std::string& path, const std::string& text,
+                              google::protobuf::Message* message) {
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, message)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ":", errors.line_, ":", errors.column_, ": ", errors.message_));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<apapo::v1::JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
+  absl::StatusOr<std::string> text = ReadWhole(path);
+  if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseJobSpec(path, text.str());
+  return ParseJobSpec(path, *text);
+}
+
+absl::Status LoadMessage(const std::string& path, google::protobuf::Message* message) {
+  absl::StatusOr<std::string> bytes = ReadWhole(path);
+  if (!bytes.ok()) return bytes.status();
+  for (const char* text_suffix : {".textproto", ".txtpb", ".pbtxt"}) {
+    if (absl::EndsWith(path, text_suffix)) return ParseTextMessage(path, *bytes, message);
+  }
+  if (!message->ParseFromString(*bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a binary ", message->GetDescriptor()->full_name()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace apapo::cli

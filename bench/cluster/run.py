@@ -630,7 +630,7 @@ def main():
     ap.add_argument("--save_plans", default="", metavar="DIR",
                     help="write what each job of ours was planned on to DIR/JOB-TIME."
                          "{spec,profile,cluster}.pb and its plan to DIR/JOB-TIME.plan.pb "
-                         "(binary protos), to plan again with bazel-bin/planning/apapo-replan")
+                         "(binary protos), to plan again with bazel-bin/cli/apapo-replan")
     ap.add_argument("--keep_workdir", action="store_true",
                     help="keep the run's folder (logs, checkpoints) instead of removing it")
     ap.add_argument("--summarize", default="", metavar="RESULTS_JSON",

@@ -488,7 +488,7 @@ class Cluster:
             p = plan.plan
             if SAVE_PLANS:
                 # What the plan was made on, to plan again offline
-                # (bazel-bin/planning/apapo-replan): the spec, the measured
+                # (bazel-bin/cli/apapo-replan): the spec, the measured
                 # profile and cluster; and the plan.
                 base = os.path.join(SAVE_PLANS, f"{job_id}-{int(t)}")
                 res["saved_plan"] = base

@@ -5,8 +5,8 @@
 # made it, the same inputs under other bounds, and one-line errors with exit
 # code 2 on bad input.
 set -u
-BIN="planning/apapo-replan"
-DATA="planning/testdata/mlp_100mbit_two_hosts"
+BIN="cli/apapo-replan"
+DATA="cli/testdata/mlp_100mbit_two_hosts"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
 ARGS=(--spec="$DATA.spec.txtpb" --profile="$DATA.profile.txtpb" --cluster="$DATA.cluster.txtpb")
@@ -40,7 +40,13 @@ expect_2 "no spec" "^--spec: required$" --profile="$DATA.profile.txtpb" --cluste
 expect_2 "missing file" "^--cluster: cannot read $TMP/none.pb$" \
   --spec="$DATA.spec.txtpb" --profile="$DATA.profile.txtpb" --cluster="$TMP/none.pb"
 printf 'not a proto' > "$TMP/bad.txtpb"
-expect_2 "not a profile" "^--profile: .*bad.txtpb is not a text apapo.v1.ModelProfile: 1:" \
+expect_2 "not a profile" "^--profile: .*bad.txtpb:1:[0-9]*: " \
   --spec="$DATA.spec.txtpb" --profile="$TMP/bad.txtpb" --cluster="$DATA.cluster.txtpb"
-expect_2 "bad schedule" "^--schedule: not ScheduleSpec fields" "${ARGS[@]}" --schedule="depth: 9"
+expect_2 "bad schedule" "^--schedule:1:[0-9]*: .*depth" "${ARGS[@]}" --schedule="depth: 9"
+: > "$TMP/empty.pb"  # an empty JobSpec: no model, no batch size
+expect_2 "empty spec" "^--spec: .*batch_size" \
+  --spec="$TMP/empty.pb" --profile="$DATA.profile.txtpb" --cluster="$DATA.cluster.txtpb"
+printf '\x08\x01\x12' > "$TMP/cut.pb"  # a binary message cut short
+expect_2 "not a binary cluster" "^--cluster: $TMP/cut.pb: not a binary apapo.v1.ClusterSpec$" \
+  --spec="$DATA.spec.txtpb" --profile="$DATA.profile.txtpb" --cluster="$TMP/cut.pb"
 echo PASS

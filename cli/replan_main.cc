@@ -1,29 +1,27 @@
 // apapo-replan: plans a job again, offline, on what the coordinator planned
 // it on: its JobSpec, and the measured ModelProfile and ClusterSpec (binary
 // protos as `bench/cluster/run.py --save_plans` writes them, or text format
-// in files named *.txtpb). --schedule
+// in files named *.txtpb: cli/spec_file.h's LoadMessage). --schedule
 // merges ScheduleSpec fields in text format into the spec first, to ask
 // what the planner would have done with another bound; the plan is made by
 // the coordinator's planner (PartitionerPlanner, the coordinator's budget)
 // and printed: its prediction, stages, splits and notes.
 //
-// Exit codes: 0 ok, 2 bad input (one line "flag: reason" on stderr), 3 no
-// plan (the planner's error on stderr).
+// Exit codes: 0 ok, 2 bad input (one line "flag: reason" on stderr; a spec
+// the coordinator would refuse is one), 3 no plan (the planner's error on
+// stderr).
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <optional>
-#include <sstream>
 #include <string>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
+#include "absl/status/status.h"
+#include "cli/spec_file.h"
+#include "coordinator/spec_validator.h"
 #include "planning/partitioner_planner.h"
 #include "proto/apapo/v1/job.pb.h"
 #include "proto/apapo/v1/plan.pb.h"
@@ -37,57 +35,6 @@ ABSL_FLAG(std::string, schedule, "",
           "e.g. \"max_staleness: 3\"");
 
 namespace {
-
-// The first error of a text-format parse, as "LINE:COLUMN: message", in
-// place of protobuf's log lines.
-class FirstError : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
-  }
-  const std::string& first() const { return first_; }
-
- private:
-  std::string first_;
-};
-
-// Parses `text` into `message`; the first error where it is not that
-// message in text format.
-std::optional<std::string> ParseText(const std::string& text,
-                                     google::protobuf::Message* message) {
-  FirstError errors;
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&errors);
-  if (parser.ParseFromString(text, message)) return std::nullopt;
-  return errors.first().empty() ? std::string("not parsed") : errors.first();
-}
-
-// Reads `flag`'s file into `message`: text format where its name ends in
-// .txtpb, else binary. False (and one line on stderr) where it cannot.
-bool ReadProto(const char* flag, const std::string& path, google::protobuf::Message* message) {
-  if (path.empty()) {
-    std::cerr << "--" << flag << ": required\n";
-    return false;
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  if (!in || !(bytes << in.rdbuf())) {
-    std::cerr << "--" << flag << ": cannot read " << path << "\n";
-    return false;
-  }
-  const std::string& name = message->GetDescriptor()->full_name();
-  if (absl::EndsWith(path, ".txtpb")) {
-    if (std::optional<std::string> error = ParseText(bytes.str(), message)) {
-      std::cerr << "--" << flag << ": " << path << " is not a text " << name << ": " << *error
-                << "\n";
-      return false;
-    }
-  } else if (!message->ParseFromString(bytes.str())) {
-    std::cerr << "--" << flag << ": " << path << " is not a binary " << name << "\n";
-    return false;
-  }
-  return true;
-}
 
 void Print(const apapo::v1::Plan& plan) {
   std::printf("%s, m=%d: predicted %.1f samples/s\n",
@@ -116,18 +63,30 @@ int main(int argc, char** argv) {
   apapo::v1::JobSpec spec;
   apapo::v1::ModelProfile profile;
   apapo::v1::ClusterSpec cluster;
-  if (!ReadProto("spec", absl::GetFlag(FLAGS_spec), &spec) ||
-      !ReadProto("profile", absl::GetFlag(FLAGS_profile), &profile) ||
-      !ReadProto("cluster", absl::GetFlag(FLAGS_cluster), &cluster)) {
-    return 2;
+  for (const auto& [flag, path, message] :
+       {std::tuple<const char*, std::string, google::protobuf::Message*>{
+            "spec", absl::GetFlag(FLAGS_spec), &spec},
+        {"profile", absl::GetFlag(FLAGS_profile), &profile},
+        {"cluster", absl::GetFlag(FLAGS_cluster), &cluster}}) {
+    absl::Status s = path.empty() ? absl::InvalidArgumentError("required")
+                                  : apapo::cli::LoadMessage(path, message);
+    if (!s.ok()) {
+      std::cerr << "--" << flag << ": " << s.message() << "\n";
+      return 2;
+    }
   }
   if (const std::string text = absl::GetFlag(FLAGS_schedule); !text.empty()) {
     apapo::v1::ScheduleSpec extra;
-    if (std::optional<std::string> error = ParseText(text, &extra)) {
-      std::cerr << "--schedule: not ScheduleSpec fields in text format: " << *error << "\n";
+    if (absl::Status s = apapo::cli::ParseTextMessage("--schedule", text, &extra); !s.ok()) {
+      std::cerr << s.message() << "\n";
       return 2;
     }
     spec.mutable_schedule()->MergeFrom(extra);
+  }
+  // As the coordinator takes a job: a spec it would refuse is not planned.
+  if (absl::Status s = apapo::coordinator::ValidateJobSpec(spec); !s.ok()) {
+    std::cerr << "--spec: " << s.message() << "\n";
+    return 2;
   }
   apapo::planning::PartitionerPlanner planner;
   absl::StatusOr<apapo::v1::Plan> plan = planner.MakePlan(spec, profile, cluster);
