@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <string>
 #include <tuple>
 
@@ -50,6 +51,12 @@ void Print(const apapo::v1::Plan& plan) {
   }
   for (const auto& split : plan.splits()) {
     std::printf("  split %s in %d parts\n", split.node_id().c_str(), split.parts());
+  }
+  std::map<std::string, double> alternatives(
+      plan.prediction().alternatives_samples_per_second().begin(),
+      plan.prediction().alternatives_samples_per_second().end());
+  for (const auto& [name, rate] : alternatives) {
+    std::printf("  alternative %s: %.1f samples/s\n", name.c_str(), rate);
   }
   for (const auto& note : plan.notes()) std::printf("  - %s\n", note.c_str());
 }

@@ -346,6 +346,47 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
       every, 1e3 * seconds, 1e3 * fill_drain, write, with, plan.samples_per_second));
 }
 
+// For an async pipeline, what the two settings the planner never takes on
+// its own would buy where a slow link binds it: bfloat16 transfers (they
+// round what crosses) as alternatives["bfloat16"] and, where the round
+// trip binds the depth, one more update of staleness as
+// alternatives["staleness_2"] (on the mlp across 100 Mbit/s 1.24x, at
+// 0.25-0.37 point of test accuracy on three seeds: bench/cluster,
+// 2026-12-07 20:24). Each is planned on the chosen plan's graph and
+// options; a job that sets one is planned again and may take another plan
+// (on the profile of a 100 Mbit/s mlp job: 1,512 and 1,453 listed, 1,458
+// and 1,428 planned with each). Listed where predicted at kMinListedGain
+// over the plan (a link that barely binds buys nothing worth a setting),
+// neither where the spec already sets it; `apapoctl plan` prints them
+// beside the other schedules.
+void AddLinkKnobs(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
+                  const pt::Cluster& cluster, const pt::PlannerOptions& options,
+                  const pt::Plan& plan, apapo::v1::Plan* out) {
+  constexpr double kMinListedGain = 1.05;
+  if (plan.stages.size() < 2 || options.schedule != apapo::schedule::ScheduleKind::kAsync) {
+    return;
+  }
+  auto& alternatives = *out->mutable_prediction()->mutable_alternatives_samples_per_second();
+  const auto list = [&](const char* name, const pt::PlannerOptions& o) {
+    absl::StatusOr<pt::Plan> p = PlanWith(graph, cluster, o);
+    if (p.ok() && p->samples_per_second >= kMinListedGain * plan.samples_per_second) {
+      alternatives[name] = p->samples_per_second;
+    }
+  };
+  if (options.activation_compression_ratio == 1 &&
+      spec.schedule().transfer_precision() == apapo::v1::TRANSFER_PRECISION_UNSPECIFIED) {
+    pt::PlannerOptions bf16 = options;
+    bf16.activation_compression_ratio = 2;
+    list("bfloat16", bf16);
+  }
+  if (plan.depth_bound && !spec.schedule().has_max_staleness()) {
+    pt::PlannerOptions deeper = options;
+    deeper.max_staleness = 2;
+    deeper.deepen_for_links = true;
+    list("staleness_2", deeper);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
@@ -787,6 +828,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
           p->samples_per_second;
     }
   }
+  AddLinkKnobs(spec, *graph, *cluster, options, *plan, &out);
   return out;
 }
 

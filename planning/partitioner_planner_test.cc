@@ -674,6 +674,58 @@ TEST(PartitionerPlannerTest, ALayerSplitWeighsItsOwnMicroBatches) {
       << notes;
 }
 
+// Two stages across 10 MB/s on whole mini-batches: the round trip binds
+// the default depth. The plan lists what bfloat16 transfers and a bound of
+// 2 would buy (each over 1.05x), without taking either; neither once the
+// spec sets it.
+TEST(PartitionerPlannerTest, ALinkBoundPlanListsWhatBfloat16AndADeeperBoundWouldBuy) {
+  PartitionerPlanner planner;
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(2);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  spec.mutable_schedule()->set_micro_batches(1);
+  spec.mutable_schedule()->set_split_backward(false);
+  auto plan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string notes = absl::StrJoin(plan->notes(), " | ");
+  ASSERT_EQ(plan->stages_size(), 2) << notes;
+  // 4 in flight would cover it (bound 3); 3 cover more of it than 2.
+  ASSERT_THAT(notes, ::testing::HasSubstr("schedule.max_staleness: 3 allows it"));
+  const auto& alternatives = plan->prediction().alternatives_samples_per_second();
+  const double rate = plan->prediction().samples_per_second();
+  ASSERT_TRUE(alternatives.contains("bfloat16")) << notes;
+  ASSERT_TRUE(alternatives.contains("staleness_2")) << notes;
+  EXPECT_GT(alternatives.at("bfloat16"), 1.1 * rate);
+  EXPECT_GT(alternatives.at("staleness_2"), 1.1 * rate);
+  // Not taken: the plan runs float32, one update stale.
+  EXPECT_EQ(plan->transfer_precision(), apapo::v1::TRANSFER_PRECISION_UNSPECIFIED);
+  EXPECT_EQ(plan->stages(0).in_flight_depth(), 0);  // 0: 1F1B's own depth
+  // Each is this plan with the setting; here (stages, micro-batches and
+  // schedule set, no layer to split) the job that sets it plans the same.
+  apapo::v1::JobSpec bf16 = spec;
+  bf16.mutable_schedule()->set_transfer_precision(apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+  auto with_bf16 = planner.MakePlan(bf16, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(with_bf16.ok()) << with_bf16.status();
+  EXPECT_DOUBLE_EQ(with_bf16->prediction().samples_per_second(), alternatives.at("bfloat16"));
+  EXPECT_FALSE(with_bf16->prediction().alternatives_samples_per_second().contains("bfloat16"));
+  apapo::v1::JobSpec deeper = spec;
+  deeper.mutable_schedule()->set_max_staleness(2);
+  auto with_bound = planner.MakePlan(deeper, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(with_bound.ok()) << with_bound.status();
+  EXPECT_DOUBLE_EQ(with_bound->prediction().samples_per_second(),
+                   alternatives.at("staleness_2"));
+  EXPECT_FALSE(
+      with_bound->prediction().alternatives_samples_per_second().contains("staleness_2"));
+  // A fast link barely binds (60.1 ms a mini-batch against 60): neither
+  // buys 1.05x, and neither is listed.
+  auto fast = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e10));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_FALSE(fast->prediction().alternatives_samples_per_second().contains("staleness_2"))
+      << absl::StrJoin(fast->notes(), " | ");
+  EXPECT_FALSE(fast->prediction().alternatives_samples_per_second().contains("bfloat16"));
+}
+
 TEST(PartitionerPlannerTest, AsyncTakesMicroBatchesWhereTheyHideTheLink) {
   PartitionerPlanner planner;
   apapo::v1::JobSpec spec;
