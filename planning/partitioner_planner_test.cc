@@ -585,6 +585,18 @@ apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t row
   return profile;
 }
 
+// 128 rows a mini-batch, two stages of the async schedule on whole
+// mini-batches: the default depth, with nothing for the planner to weigh
+// but the cut.
+apapo::v1::JobSpec TwoAsyncStagesOnWholeMiniBatches() {
+  apapo::v1::JobSpec spec;
+  spec.mutable_data()->set_batch_size(128);
+  spec.mutable_schedule()->set_stages(2);
+  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
+  spec.mutable_schedule()->set_micro_batches(1);
+  return spec;
+}
+
 // Where a slow link binds a 2-stage pipeline, the async schedule on whole
 // mini-batches keeps 2 in flight, which do not cover the link's round
 // trips; m micro-batches a mini-batch let stage 0 keep up to m + 1 at the
@@ -598,11 +610,7 @@ apapo::v1::ModelProfile WithRowCost(apapo::v1::ModelProfile profile, int64_t row
 // depth-bound note counts less compute.
 TEST(PartitionerPlannerTest, SplitBackwardShortensTheRoundTrip) {
   PartitionerPlanner planner;
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_stages(2);
-  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
-  spec.mutable_schedule()->set_micro_batches(1);
+  apapo::v1::JobSpec spec = TwoAsyncStagesOnWholeMiniBatches();
   const auto cycle_note = [](const apapo::v1::Plan& plan) {
     for (const std::string& n : plan.notes()) {
       if (absl::StrContains(n, "do not cover their cycle")) return n;
@@ -680,11 +688,7 @@ TEST(PartitionerPlannerTest, ALayerSplitWeighsItsOwnMicroBatches) {
 // spec sets it.
 TEST(PartitionerPlannerTest, ALinkBoundPlanListsWhatBfloat16AndADeeperBoundWouldBuy) {
   PartitionerPlanner planner;
-  apapo::v1::JobSpec spec;
-  spec.mutable_data()->set_batch_size(128);
-  spec.mutable_schedule()->set_stages(2);
-  spec.mutable_schedule()->set_kind(apapo::v1::SCHEDULE_KIND_ASYNC);
-  spec.mutable_schedule()->set_micro_batches(1);
+  apapo::v1::JobSpec spec = TwoAsyncStagesOnWholeMiniBatches();
   spec.mutable_schedule()->set_split_backward(false);
   auto plan = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e7));
   ASSERT_TRUE(plan.ok()) << plan.status();
