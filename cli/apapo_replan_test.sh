@@ -28,6 +28,19 @@ rate() { sed -n 's/.*predicted \([0-9.]*\) samples\/s$/\1/p' | head -1; }
 awk -v a="$(echo "$one" | rate)" -v b="$(echo "$out" | rate)" 'BEGIN { exit !(a < b) }' \
   || fail "one update not predicted slower: $one"
 
+# At one update the link binds: the plan lists what bfloat16 transfers
+# would buy, at what a job that sets them is planned (that job weighs its
+# zeros, splits and micro-batches again); with the bound set in the spec,
+# no staleness_2.
+alt=$(echo "$one" | sed -n 's/^  alternative bfloat16: \([0-9.]*\) samples\/s$/\1/p')
+[ -n "$alt" ] || fail "no bfloat16 alternative: $one"
+bf16=$("$BIN" "${ARGS[@]}" \
+  --schedule="max_staleness: 1 transfer_precision: TRANSFER_PRECISION_BFLOAT16") \
+  || fail "bfloat16 exited $?"
+[ "$(echo "$bf16" | rate)" = "$alt" ] || fail "bfloat16 listed at $alt, planned: $bf16"
+echo "$bf16" | grep -q "alternative bfloat16" && fail "a bfloat16 job lists bfloat16: $bf16"
+echo "$one" | grep -q "alternative staleness_2" && fail "bound set, staleness_2 listed: $one"
+
 # Bad input: one line naming the flag, exit code 2.
 expect_2() {
   local what="$1" pattern="$2"; shift 2

@@ -346,30 +346,35 @@ void PredictCheckpoints(const apapo::v1::JobSpec& spec, const pt::Plan& plan,
       every, 1e3 * seconds, 1e3 * fill_drain, write, with, plan.samples_per_second));
 }
 
-// For an async pipeline, what the two settings the planner never takes on
-// its own would buy where a slow link binds it: bfloat16 transfers (they
-// round what crosses) as alternatives["bfloat16"] and, where the round
-// trip binds the depth, one more update of staleness as
-// alternatives["staleness_2"] (on the mlp across 100 Mbit/s 1.24x, at
-// 0.25-0.37 point of test accuracy on three seeds: bench/cluster,
-// 2026-12-07 20:24). Each is planned on the chosen plan's graph and
-// options; a job that sets one is planned again and may take another plan
-// (on the profile of a 100 Mbit/s mlp job: 1,512 and 1,453 listed, 1,458
-// and 1,428 planned with each). Listed where predicted at kMinListedGain
-// over the plan (a link that barely binds buys nothing worth a setting),
-// neither where the spec already sets it; `apapoctl plan` prints them
-// beside the other schedules.
+// A setting the planner never takes on its own is listed as an alternative
+// where predicted at this multiple of the plan or more.
+constexpr double kMinKnobGain = 1.05;
+
+// For an async pipeline, a first estimate of what the two settings the
+// planner never takes on its own would buy where a slow link binds it:
+// bfloat16 transfers (they round what crosses) as alternatives["bfloat16"],
+// and one more update of staleness as alternatives["staleness_2"] (on the
+// mlp across 100 Mbit/s 1.24x, at 0.25-0.37 point of test accuracy on
+// three seeds: bench/cluster, 2026-12-07 20:24). Each on the chosen plan's
+// graph and options, its micro-batches weighed again from the spec's count
+// (`asked_micro_batches`); listed at kMinKnobGain over the plan or more (a
+// link that barely binds buys nothing worth a setting), neither where the
+// spec already sets it. MakePlan then plans each one listed as a job that
+// sets it, zeros and splits weighed again, and lists that instead: the
+// cheap estimate keeps that to where a setting is worth a look.
 void AddLinkKnobs(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
                   const pt::Cluster& cluster, const pt::PlannerOptions& options,
-                  const pt::Plan& plan, apapo::v1::Plan* out) {
-  constexpr double kMinListedGain = 1.05;
+                  int asked_micro_batches, const pt::Plan& plan, apapo::v1::Plan* out) {
   if (plan.stages.size() < 2 || options.schedule != apapo::schedule::ScheduleKind::kAsync) {
     return;
   }
   auto& alternatives = *out->mutable_prediction()->mutable_alternatives_samples_per_second();
-  const auto list = [&](const char* name, const pt::PlannerOptions& o) {
+  const auto list = [&](const char* name, pt::PlannerOptions o) {
+    o.micro_batches = asked_micro_batches;
     absl::StatusOr<pt::Plan> p = PlanWith(graph, cluster, o);
-    if (p.ok() && p->samples_per_second >= kMinListedGain * plan.samples_per_second) {
+    if (!p.ok()) return;
+    WeighMicroBatches(spec, graph, cluster, &o, &*p);
+    if (p->samples_per_second >= kMinKnobGain * plan.samples_per_second) {
       alternatives[name] = p->samples_per_second;
     }
   };
@@ -379,7 +384,7 @@ void AddLinkKnobs(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
     bf16.activation_compression_ratio = 2;
     list("bfloat16", bf16);
   }
-  if (plan.depth_bound && !spec.schedule().has_max_staleness()) {
+  if (!spec.schedule().has_max_staleness()) {
     pt::PlannerOptions deeper = options;
     deeper.max_staleness = 2;
     deeper.deepen_for_links = true;
@@ -390,6 +395,40 @@ void AddLinkKnobs(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
 }  // namespace
 
 absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlan(
+    const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
+    const apapo::v1::ClusterSpec& cluster_spec) {
+  absl::StatusOr<apapo::v1::Plan> plan = MakePlanOnce(spec, profile, cluster_spec);
+  if (!plan.ok()) return plan;
+  // A setting the plan's own figures list (AddLinkKnobs) is weighed as a
+  // job that sets it is planned (its zeros, splits and micro-batches
+  // weighed again), and listed at that; dropped under kMinKnobGain. On
+  // four 100 Mbit/s mlp profiles the plan's own cuts and zeros with the
+  // setting read from 10% below that to 10% above.
+  auto& alternatives = *plan->mutable_prediction()->mutable_alternatives_samples_per_second();
+  const double rate = plan->prediction().samples_per_second();
+  const std::pair<const char*, void (*)(apapo::v1::ScheduleSpec*)> knobs[] = {
+      {"bfloat16",
+       [](apapo::v1::ScheduleSpec* s) {
+         s->set_transfer_precision(apapo::v1::TRANSFER_PRECISION_BFLOAT16);
+       }},
+      {"staleness_2", [](apapo::v1::ScheduleSpec* s) { s->set_max_staleness(2); }},
+  };
+  for (const auto& [name, set] : knobs) {
+    auto it = alternatives.find(name);
+    if (it == alternatives.end()) continue;
+    apapo::v1::JobSpec with = spec;
+    set(with.mutable_schedule());
+    absl::StatusOr<apapo::v1::Plan> p = MakePlanOnce(with, profile, cluster_spec);
+    if (p.ok() && p->prediction().samples_per_second() >= kMinKnobGain * rate) {
+      it->second = p->prediction().samples_per_second();
+    } else {
+      alternatives.erase(it);
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::MakePlanOnce(
     const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
     const apapo::v1::ClusterSpec& cluster_spec) {
   // A gain the cost model's error could make: skipping is weighed as the
@@ -828,7 +867,7 @@ absl::StatusOr<apapo::v1::Plan> PartitionerPlanner::PlanOnAll(
           p->samples_per_second;
     }
   }
-  AddLinkKnobs(spec, *graph, *cluster, options, *plan, &out);
+  AddLinkKnobs(spec, *graph, *cluster, options, asked_options->micro_batches, *plan, &out);
   return out;
 }
 

@@ -65,6 +65,11 @@ class PartitionerPlanner : public Planner {
       const apapo::v1::ClusterSpec& cluster) override;
 
  private:
+  // MakePlan without weighing the settings it lists as alternatives
+  // (bfloat16, staleness_2) as jobs that set them.
+  absl::StatusOr<apapo::v1::Plan> MakePlanOnce(
+      const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,
+      const apapo::v1::ClusterSpec& cluster);
   // MakePlan for the spec's skip_zeros as it is.
   absl::StatusOr<apapo::v1::Plan> MakePlanAsAsked(
       const apapo::v1::JobSpec& spec, const apapo::v1::ModelProfile& profile,

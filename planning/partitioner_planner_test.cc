@@ -721,6 +721,32 @@ TEST(PartitionerPlannerTest, ALinkBoundPlanListsWhatBfloat16AndADeeperBoundWould
                    alternatives.at("staleness_2"));
   EXPECT_FALSE(
       with_bound->prediction().alternatives_samples_per_second().contains("staleness_2"));
+  // Where the planner took micro-batches to hide the link (the spec
+  // leaves their count unset), each setting's micro-batches are weighed
+  // again from the spec's count, as a job that sets it is planned:
+  // bfloat16 takes more of them than float32 did.
+  apapo::v1::JobSpec free = spec;
+  free.mutable_schedule()->clear_micro_batches();
+  auto micro = planner.MakePlan(free, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(micro.ok()) << micro.status();
+  ASSERT_GT(micro->micro_batches(), 1) << absl::StrJoin(micro->notes(), " | ");
+  bf16.mutable_schedule()->clear_micro_batches();
+  auto free_bf16 = planner.MakePlan(bf16, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(free_bf16.ok()) << free_bf16.status();
+  const auto& micro_alternatives = micro->prediction().alternatives_samples_per_second();
+  ASSERT_TRUE(micro_alternatives.contains("bfloat16")) << absl::StrJoin(micro->notes(), " | ");
+  EXPECT_DOUBLE_EQ(micro_alternatives.at("bfloat16"),
+                   free_bf16->prediction().samples_per_second());
+  EXPECT_GT(free_bf16->micro_batches(), micro->micro_batches());  // weighed again
+  // A bound of 2 buys no more than the micro-batches' 3 in flight already
+  // do: the job that sets it is planned under 1.05x, and it is not listed.
+  apapo::v1::JobSpec free_deeper = free;
+  free_deeper.mutable_schedule()->set_max_staleness(2);
+  auto with_free_bound = planner.MakePlan(free_deeper, ChainProfile(), TwoWorkers(1e7));
+  ASSERT_TRUE(with_free_bound.ok()) << with_free_bound.status();
+  EXPECT_LT(with_free_bound->prediction().samples_per_second(),
+            1.05 * micro->prediction().samples_per_second());
+  EXPECT_FALSE(micro_alternatives.contains("staleness_2"));
   // A fast link barely binds (60.1 ms a mini-batch against 60): neither
   // buys 1.05x, and neither is listed.
   auto fast = planner.MakePlan(spec, ChainProfile(), TwoWorkers(1e10));
