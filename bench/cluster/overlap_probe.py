@@ -21,42 +21,37 @@ the numbers are timing only, not training.
 
   /usr/bin/python3 bench/cluster/overlap_probe.py --links=unshaped,100mbit --chunks=1,4 --rounds=3
 
-Runs as root: brings up a lab (deploy/cluster-lab.sh, prefix "apo") and
-takes it down at the end, also on failure. Prints samples/s per link and
-chunk count and each round's ratios; writes nothing.
+Runs as root after `bazel build //...` (it shapes the link with
+bench/cluster/run.py's Link, so it brings up that bench's lab, prefix
+"apb": not beside a run of it) and takes the lab down at the end, also on
+failure. Prints samples/s per link and chunk count and each round's ratios;
+writes nothing.
 """
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAB = os.path.join(ROOT, "deploy", "cluster-lab.sh")
-PREFIX = "apo"
+HERE = os.path.dirname(os.path.abspath(__file__))
 PORT = 29533
 
 
-def shape(rate):
-    """tbf on each host's eth0 and on its veth end in the root namespace, as
-    bench/cluster/run.py's Link does; nothing for "unshaped"."""
-    burst = None
-    if rate != "unshaped":
-        burst = subprocess.run(["bash", LAB, "burst", rate], check=True, capture_output=True,
-                               text=True).stdout.strip()
-    for i in (1, 2):
-        for prefix, dev in (((), f"{PREFIX}v{i}"), (("ip", "netns", "exec", f"{PREFIX}-h{i}"), "eth0")):
-            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
-            if burst:
-                subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                                rate, "burst", burst, "latency", "50ms"], check=True)
+def cluster_bench():
+    """bench/cluster/run.py (its lab, Link, on_host), loaded under its own
+    name: it imports bench/runtime/run.py as `run`."""
+    spec = importlib.util.spec_from_file_location("cluster_run", os.path.join(HERE, "run.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def run_pair(args, chunks):
+def run_pair(cluster, args, chunks):
     procs = []
     for rank in (0, 1):
-        cmd = ["ip", "netns", "exec", f"{PREFIX}-h{rank + 1}", "taskset", "-c", str(rank),
+        cmd = [*cluster.on_host(rank + 1), "taskset", "-c", str(rank),
                sys.executable, os.path.abspath(__file__), f"--rank={rank}", f"--chunks={chunks}",
                f"--steps={args.steps}", f"--warmup={args.warmup}", f"--payload={args.payload}"]
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
@@ -206,26 +201,30 @@ def main():
     if args.rank >= 0:
         args.chunks = int(args.chunks)
         return stage(args)
-    if os.geteuid() != 0:
-        print("overlap_probe: needs root (network namespaces, tc)", file=sys.stderr)
+    cluster = cluster_bench()
+    reason = cluster.unavailable()
+    if reason:
+        print(f"overlap_probe: cannot run here: {reason}", file=sys.stderr)
         return 3
     links = args.links.split(",")
     chunk_counts = [int(c) for c in args.chunks.split(",")]
-    subprocess.run(["bash", LAB, "up", "--hosts=2", "--racks=1", "--rack-rate=10gbit",
-                    f"--prefix={PREFIX}"], check=True, stdout=subprocess.DEVNULL)
+    lab = ["bash", cluster.LAB]
+    subprocess.run([*lab, "up", "--hosts=2", "--racks=1", "--rack-rate=10gbit",
+                    f"--prefix={cluster.PREFIX}"], check=True, stdout=subprocess.DEVNULL)
+    link = cluster.Link(f"/proc/{os.getpid()}/ns/net")
     results = {}
     try:
         for r in range(args.rounds):
             order = [(l, c) for l in links for c in chunk_counts]
             if r % 2:
                 order.reverse()
-            for link, c in order:
-                shape(link)
-                sps = run_pair(args, c)
-                results.setdefault((link, c), []).append(sps)
-                print(f"round {r + 1} {link:9s} chunks {c}: {sps:8.1f} samples/s", flush=True)
+            for rate, c in order:
+                link.set(rate)
+                sps = run_pair(cluster, args, c)
+                results.setdefault((rate, c), []).append(sps)
+                print(f"round {r + 1} {rate:9s} chunks {c}: {sps:8.1f} samples/s", flush=True)
     finally:
-        subprocess.run(["bash", LAB, "down", f"--prefix={PREFIX}"], stdout=subprocess.DEVNULL)
+        subprocess.run([*lab, "down", f"--prefix={cluster.PREFIX}"], stdout=subprocess.DEVNULL)
     base = (links[0], chunk_counts[0])
     for key, vals in results.items():
         ratios = [v / b for v, b in zip(vals, results[base])]
