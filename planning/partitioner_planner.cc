@@ -378,8 +378,8 @@ void AddLinkKnobs(const apapo::v1::JobSpec& spec, const pt::Graph& graph,
       alternatives[name] = p->samples_per_second;
     }
   };
-  if (options.activation_compression_ratio == 1 &&
-      spec.schedule().transfer_precision() == apapo::v1::TRANSFER_PRECISION_UNSPECIFIED) {
+  // Unset precision: float32, compression ratio 1 (OptionsFor).
+  if (spec.schedule().transfer_precision() == apapo::v1::TRANSFER_PRECISION_UNSPECIFIED) {
     pt::PlannerOptions bf16 = options;
     bf16.activation_compression_ratio = 2;
     list("bfloat16", bf16);
